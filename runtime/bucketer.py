@@ -1,0 +1,152 @@
+"""SpyreAttnBucketer: the single source of truth for every ladder and every bucket.
+
+The metadata builder, the warmup recorder and the harness all read ladders from
+here. Enumeration prunes exactly the buckets no valid batch state can dispatch to
+(see `runtime.reachability`), and keeps the reason for each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+from runtime import ladders
+from runtime.config import RuntimeConfig
+from runtime.reachability import Limits, decode_reachable, min_decode_pool, min_prefill_pool, prefill_reachable
+
+DECODE = "decode"
+BATCHED = "batched"
+PREFILL = "prefill"
+KERNELS = (DECODE, BATCHED, PREFILL)
+
+Key = tuple[int | bool, ...]
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    kernel: str
+    key: Key
+
+    def __str__(self) -> str:
+        return f"{self.kernel}{self.key}"
+
+
+@dataclass(frozen=True)
+class Pruned:
+    bucket: Bucket
+    reason: str
+
+
+class SpyreAttnBucketer:
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        bs, L = config.block_size, config.max_model_len
+        self.kv_blocks = ladders.kv_blocks_ladder(bs, L, config.kv_buckets)
+        self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.min_batched_seqs)
+        self.prefill_tokens = ladders.prefill_ladder(bs, L)
+        self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks)
+
+    # -- rounding -----------------------------------------------------------------
+    def kv_rung(self, blocks: int) -> int:
+        return ladders.round_up(self.kv_blocks, blocks, "KV blocks")
+
+    def seqs_rung(self, seqs: int) -> int:
+        return ladders.round_up(self.num_seqs, seqs, "num_seqs")
+
+    def prefill_rung(self, tokens: int) -> int:
+        return ladders.round_up(self.prefill_tokens, tokens, "prefill tokens")
+
+    def ladders(self) -> dict[str, tuple[int, ...]]:
+        return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "prefill_tokens": self.prefill_tokens}
+
+    # -- dispatch -----------------------------------------------------------------
+    def uses_batched(self, seqs: int) -> bool:
+        return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.min_batched_seqs
+
+    def decode_bucket(self, seqs: int, blocks: int, kv_ladder: tuple[int, ...] | None = None) -> Bucket:
+        """The bucket a decode of `seqs` real rows needing `blocks` entries dispatches to."""
+        kv = ladders.round_up(kv_ladder or self.kv_blocks, blocks, "KV blocks")
+        if not self.uses_batched(seqs):
+            return Bucket(DECODE, (kv,))
+        n = self.seqs_rung(seqs)
+        needs_gather = seqs < n
+        return Bucket(BATCHED, (n, kv, needs_gather, not needs_gather))
+
+    def prefill_bucket(self, tokens: int) -> Bucket:
+        return Bucket(PREFILL, (self.prefill_rung(tokens),))
+
+    # -- enumeration ------------------------------------------------------------------
+    @cached_property
+    def _verdicts(self) -> dict[Bucket, str | None]:
+        """Every candidate bucket mapped to None (reachable) or the reason it is pruned."""
+        out: dict[Bucket, str | None] = {}
+        for kv in self.kv_blocks:
+            out[Bucket(DECODE, (kv,))] = self._why_not_decode(self._per_seq_range(), self._kv_members(kv))
+        for n in self.num_seqs:
+            low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)
+            for kv in self.kv_blocks:
+                for needs_gather in (False, True):
+                    for store_out in (False, True):
+                        b = Bucket(BATCHED, (n, kv, needs_gather, store_out))
+                        out[b] = self._why_not_batched(low, n, kv, needs_gather, store_out)
+        for tokens in self.prefill_tokens:
+            out[Bucket(PREFILL, (tokens,))] = self._why_not_prefill(tokens)
+        return out
+
+    def buckets(self, kernel: str) -> list[Bucket]:
+        """The warm set of one kernel: every reachable bucket, smallest first."""
+        return sorted(b for b, why in self._verdicts.items() if b.kernel == kernel and why is None)
+
+    def warm_set(self) -> frozenset[Bucket]:
+        return frozenset(b for b, why in self._verdicts.items() if why is None)
+
+    def pruned(self) -> list[Pruned]:
+        return [Pruned(b, why) for b, why in sorted(self._verdicts.items()) if why is not None]
+
+    def candidates(self) -> Iterator[Bucket]:
+        """The naive full product of ladders and flags, before pruning."""
+        return iter(sorted(self._verdicts))
+
+    # -- reasons ------------------------------------------------------------------------
+    def _kv_members(self, kv: int) -> range:
+        return range(ladders.rung_below(self.kv_blocks, kv) + 1, kv + 1)
+
+    def _per_seq_range(self) -> range:
+        batched = self.config.batched_decode and bool(self.num_seqs)
+        return range(1, (self.config.min_batched_seqs if batched else self.config.max_num_seqs + 1))
+
+    def _tkvs(self, blocks: range) -> range:
+        bs = self.config.block_size
+        return range((blocks.start - 1) * bs, blocks.stop * bs - bs)
+
+    def _why_not_decode(self, seqs: range, blocks: range) -> str | None:
+        lim = self.limits
+        tkvs = self._tkvs(blocks)
+        if any(decode_reachable(lim, s, t) for s in seqs for t in tkvs):
+            return None
+        needs = [p for s in seqs for t in tkvs if (p := min_decode_pool(lim, s, t)) is not None]
+        where = f"{seqs.start}..{seqs.stop - 1} seqs at {blocks.start}..{blocks.stop - 1} blocks"
+        if needs:
+            return f"pool too tight: {where} needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
+        return f"no batch state decodes {where} (decode runs at tkv 2..{lim.max_model_len - 2})"
+
+    def _why_not_batched(self, low: int, n: int, kv: int, needs_gather: bool, store_out: bool) -> str | None:
+        if not self.config.batched_decode:
+            return "batched decode is disabled (SPYRE_BATCHED_DECODE=0)"
+        if store_out == needs_gather:
+            return "flags never dispatched together: store_out is exactly not needs_gather"
+        seqs = range(low + 1, n) if needs_gather else range(n, n + 1)
+        if not seqs:
+            return f"needs_gather needs fewer real seqs than {n}, but the rung below is {low}"
+        return self._why_not_decode(seqs, self._kv_members(kv))
+
+    def _why_not_prefill(self, tokens: int) -> str | None:
+        bs, lim = self.config.block_size, self.limits
+        tkvs = range(tokens - bs + 1, tokens + 1)
+        if any(prefill_reachable(lim, t) for t in tkvs):
+            return None
+        needs = [p for t in tkvs if (p := min_prefill_pool(lim, t)) is not None]
+        if needs:
+            return f"pool too tight: a prefill padded to {tokens} tokens needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
+        return f"no prefill pads to {tokens} tokens under max_model_len={lim.max_model_len}"

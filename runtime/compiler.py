@@ -1,0 +1,102 @@
+"""KernelRunner: one attention kernel under torch.compile, with exact compile accounting.
+
+A thin recording backend wraps the configured one. Every graph it compiles is tied
+to the bucket of the call that triggered it and is wrapped so that each call it
+serves counts as a graph hit. Calls that no graph serves (Dynamo's silent eager
+fallback past `recompile_limit`) show up as calls without hits.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._dynamo.backends.registry import lookup_backend
+
+from runtime.bucketer import Bucket
+from runtime.config import RuntimeConfig
+from runtime.events import SERVING, WARMUP, CallEvent, CompileEvent, EventBus, GraphHitEvent
+
+# Two control calls per kernel sit on top of the warm set in a verification run.
+COMPILE_HEADROOM = 8
+
+
+def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of `fn` with its own code object, so its Dynamo cache is this runner's alone."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def apply_recompile_limit(config: RuntimeConfig, buckets_per_kernel: int) -> None:
+    """Keep Dynamo's per-function limit above the bucket count (or apply the configured one)."""
+    cfg = torch._dynamo.config
+    if config.recompile_limit is not None:
+        cfg.recompile_limit = config.recompile_limit
+    else:
+        cfg.recompile_limit = max(cfg.recompile_limit, buckets_per_kernel + COMPILE_HEADROOM)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * cfg.recompile_limit)
+
+
+class KernelRunner:
+    def __init__(self, kernel: str, fn: Callable[..., Any], config: RuntimeConfig, events: EventBus) -> None:
+        self.kernel = kernel
+        self.events = events
+        self.phase = WARMUP
+        self.calls: Counter[Bucket] = Counter()
+        self.hits: Counter[Bucket] = Counter()
+        self.graphs: dict[int, Bucket] = {}
+        self.compiles: list[CompileEvent] = []
+        self._current: Bucket | None = None
+        self._real_backend = lookup_backend(config.backend)
+        self._fn = torch.compile(
+            fresh_function(fn),
+            backend=self._record,
+            dynamic=config.compile_dynamic,
+            fullgraph=config.compile_fullgraph,
+        )
+
+    def serve(self) -> None:
+        self.phase = SERVING
+
+    def __call__(self, bucket: Bucket, *args: Any) -> Any:
+        self._current = bucket
+        self.calls[bucket] += 1
+        before = len(self.graphs)
+        t0 = time.perf_counter()
+        # Grad mode is part of every guard: warmup and serving must share it.
+        with torch.no_grad():
+            out = self._fn(*args)
+        if len(self.graphs) > before:
+            seconds = time.perf_counter() - t0
+            for gid in range(before, len(self.graphs)):
+                ev = CompileEvent(self.kernel, bucket, self.phase, seconds, gid)
+                self.compiles.append(ev)
+                if self.events:
+                    self.events.emit("compile", ev)
+        if self.events:
+            self.events.emit("call", CallEvent(self.kernel, bucket, self.phase))
+        return out
+
+    def _record(self, gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
+        gid = len(self.graphs)
+        assert self._current is not None, "graphs compile only inside a runner call"
+        graph_bucket = self._current
+        self.graphs[gid] = graph_bucket
+        compiled = self._real_backend(gm, example_inputs)
+
+        def hit() -> None:
+            bucket = self._current
+            assert bucket is not None
+            self.hits[bucket] += 1
+            if self.events:
+                self.events.emit("graph_hit", GraphHitEvent(self.kernel, bucket, gid, graph_bucket))
+
+        # Dynamo calls the backend's result with positional tensors for every backend.
+        def served(*args: Any) -> Any:
+            hit()
+            return compiled(*args)
+
+        return served

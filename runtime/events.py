@@ -1,0 +1,110 @@
+"""The event interface: how observers (the harness, loggers) see the runtime.
+
+An observer is any object with some of the `on_<kind>` methods below. The runtime
+builds an event only when someone listens, so an engine with no observer pays one
+truthiness test per emit site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.bucketer import Bucket
+
+WARMUP = "warmup"
+SERVING = "serving"
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """The real batch behind a dispatch."""
+
+    request_ids: tuple[str, ...]
+    seq_lens: tuple[int, ...]
+    left_pads: tuple[int, ...]
+    tkv: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.request_ids)
+
+    def describe(self) -> str:
+        return f"{self.num_seqs} seqs, tkv={self.tkv}, seq_lens={list(self.seq_lens)}, left_pads={list(self.left_pads)}"
+
+
+@dataclass(frozen=True)
+class DispatchEvent:
+    kernel: str
+    bucket: Bucket
+    batch: BatchInfo
+    phase: str
+    step: int
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    kernel: str
+    bucket: Bucket
+    phase: str
+    seconds: float
+    graph_id: int
+
+
+@dataclass(frozen=True)
+class GraphHitEvent:
+    kernel: str
+    bucket: Bucket  # the bucket of the call the graph served
+    graph_id: int
+    graph_bucket: Bucket  # the bucket the graph was compiled for
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """One call of a compiled kernel; with GraphHitEvent it exposes eager fallback."""
+
+    kernel: str
+    bucket: Bucket
+    phase: str
+
+
+@dataclass(frozen=True)
+class BlockTableEvent:
+    kernel: str
+    bucket: Bucket
+    step: int
+    request_ids: tuple[str, ...]
+    left_pads: tuple[int, ...]
+    block_table: tuple[tuple[int, ...], ...]  # one row per (padded) sequence
+    owners: tuple[tuple[int, str | None], ...]  # owner of every block id in the table
+    num_blocks: int
+    null_block: int
+
+
+@dataclass(frozen=True)
+class KVWriteEvent:
+    request_id: str
+    slots: tuple[int, ...]
+    blocks: tuple[int, ...]  # block of each slot
+    owners: tuple[str | None, ...]  # owner of each written block at write time
+    step: int
+
+
+class EventBus:
+    def __init__(self) -> None:
+        self._observers: list[Any] = []
+
+    def subscribe(self, observer: Any) -> Callable[[], None]:
+        """Attach an observer; returns a function that detaches it."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer)
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def emit(self, kind: str, event: object) -> None:
+        for obs in tuple(self._observers):
+            handler = getattr(obs, "on_" + kind, None)
+            if handler is not None:
+                handler(event)

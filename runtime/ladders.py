@@ -1,0 +1,49 @@
+"""Ladder maths: small pure functions, each a ladder rule of the contract."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from runtime.errors import NoRungError
+
+
+def powers_of_two_up_to(top: int, start: int = 1) -> tuple[int, ...]:
+    """Powers of two from `start` below `top`, then `top` itself as the top rung."""
+    rungs = []
+    r = start
+    while r < top:
+        rungs.append(r)
+        r *= 2
+    if top >= start:
+        rungs.append(top)
+    return tuple(rungs)
+
+
+def round_up(ladder: tuple[int, ...], size: int, what: str) -> int:
+    """The smallest rung that fits `size`."""
+    i = bisect.bisect_left(ladder, size)
+    if i == len(ladder):
+        top = ladder[-1] if ladder else None
+        raise NoRungError(f"{what} {size} is above the top rung {top} of {list(ladder)}")
+    return ladder[i]
+
+
+def rung_below(ladder: tuple[int, ...], rung: int, floor: int = 0) -> int:
+    """The rung under `rung` (or `floor` for the lowest): the members of `rung` are (below, rung]."""
+    i = ladder.index(rung)
+    return ladder[i - 1] if i else floor
+
+
+def kv_blocks_ladder(block_size: int, max_model_len: int, kv_buckets: tuple[int, ...] | None) -> tuple[int, ...]:
+    if kv_buckets is not None:
+        return tuple(sorted(b // block_size for b in kv_buckets))
+    return powers_of_two_up_to(math.ceil(max_model_len / block_size))
+
+
+def num_seqs_ladder(max_num_seqs: int, min_batched_seqs: int) -> tuple[int, ...]:
+    return powers_of_two_up_to(max_num_seqs, start=min_batched_seqs)
+
+
+def prefill_ladder(block_size: int, max_model_len: int) -> tuple[int, ...]:
+    return tuple(block_size * t for t in range(1, math.ceil(max_model_len / block_size) + 1))

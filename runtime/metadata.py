@@ -1,0 +1,120 @@
+"""The decode (and prefill) metadata builder: batch state in, kernel inputs out.
+
+It computes no ladder of its own: every rung comes from the bucketer. Block tables
+are made rectangular with the null block, and only real tokens get a KV slot.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.block_pool import NULL_BLOCK
+from runtime.bucketer import Bucket, SpyreAttnBucketer
+
+
+@dataclass(frozen=True)
+class SeqState:
+    """One running row: its real blocks, cached length and left padding."""
+
+    request_id: str
+    blocks: tuple[int, ...]
+    num_cached: int
+    left_pad: int
+
+
+@dataclass(frozen=True)
+class DecodeMetadata:
+    bucket: Bucket
+    tkv: int
+    request_ids: tuple[str, ...]
+    block_table: tuple[tuple[int, ...], ...]  # padded_seqs x kv rung
+    left_pads: tuple[int, ...]  # real rows only
+    seq_lens: tuple[int, ...]  # tokens attended per real row, the new one included
+    slots: tuple[int, ...]  # one KV slot per real row: where the new token is written
+    needs_gather: bool
+    store_out: bool
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def padded_seqs(self) -> int:
+        return len(self.block_table)
+
+
+@dataclass(frozen=True)
+class PrefillMetadata:
+    bucket: Bucket
+    tkv: int
+    request_id: str
+    left_pad: int
+    prompt_len: int
+    block_table: tuple[int, ...]  # ceil(tkv / bs) entries
+    slots: tuple[int, ...]  # one per prompt token
+
+
+class MetadataBuilder:
+    def __init__(
+        self,
+        bucketer: SpyreAttnBucketer,
+        kv_ladder: tuple[int, ...] | None = None,
+        padding_block: int = NULL_BLOCK,
+    ) -> None:
+        # kv_ladder and padding_block are fault seams: the defaults follow the
+        # bucketer and the null block, anything else reproduces a historical bug.
+        self.bucketer = bucketer
+        self.block_size = bucketer.config.block_size
+        self.kv_ladder = kv_ladder if kv_ladder is not None else bucketer.kv_blocks
+        self.padding_block = padding_block
+
+    def ladders(self) -> dict[str, tuple[int, ...]]:
+        return {"kv_blocks": self.kv_ladder, "num_seqs": self.bucketer.num_seqs}
+
+    def row(self, seq: SeqState, width: int) -> tuple[int, ...]:
+        lead = seq.left_pad // self.block_size
+        entries = (self.padding_block,) * lead + seq.blocks
+        assert len(entries) <= width, f"{seq.request_id} has {len(entries)} entries, bucket holds {width}"
+        return entries + (self.padding_block,) * (width - len(entries))
+
+    def slot(self, seq: SeqState, position: int) -> int:
+        j = position // self.block_size - seq.left_pad // self.block_size
+        assert 0 <= j < len(seq.blocks), f"{seq.request_id}: position {position} has no real block"
+        return seq.blocks[j] * self.block_size + position % self.block_size
+
+    def build_decode(self, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
+        assert seqs, "decode needs at least one running sequence"
+        assert all(s.left_pad + s.num_cached == tkv for s in seqs), "rows must end at tkv"
+        need = tkv // self.block_size + 1
+        bucket = self.bucketer.decode_bucket(len(seqs), need, self.kv_ladder)
+        width = bucket.key[1] if len(bucket.key) == 4 else bucket.key[0]
+        rows = [self.row(s, int(width)) for s in seqs]
+        padded = int(bucket.key[0]) if len(bucket.key) == 4 else 1
+        rows += [(self.padding_block,) * int(width)] * (padded - len(seqs))
+        needs_gather = len(seqs) < padded
+        return DecodeMetadata(
+            bucket=bucket,
+            tkv=tkv,
+            request_ids=tuple(s.request_id for s in seqs),
+            block_table=tuple(rows),
+            left_pads=tuple(s.left_pad for s in seqs),
+            seq_lens=tuple(s.num_cached + 1 for s in seqs),
+            slots=tuple(self.slot(s, tkv) for s in seqs),
+            needs_gather=needs_gather,
+            store_out=not needs_gather,
+        )
+
+    def build_prefill(self, seq: SeqState, tkv: int) -> PrefillMetadata:
+        """Metadata for one request joining at (post-shift) `tkv`; its prompt is cached."""
+        assert seq.left_pad + seq.num_cached == tkv
+        width = math.ceil(tkv / self.block_size)
+        return PrefillMetadata(
+            bucket=self.bucketer.prefill_bucket(width * self.block_size),
+            tkv=tkv,
+            request_id=seq.request_id,
+            left_pad=seq.left_pad,
+            prompt_len=seq.num_cached,
+            block_table=self.row(seq, width),
+            slots=tuple(self.slot(seq, p) for p in range(seq.left_pad, tkv)),
+        )

@@ -1,0 +1,115 @@
+"""PagedAttention: the three compiled kernels, their staging buffers and the KV cache.
+
+Every kernel call reads its inputs from, and writes its output to, fixed staging
+buffers sized for the largest bucket, so the shapes and strides Dynamo guards on
+are identical in warmup and in serving (gpt-fast's static-shape discipline).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime import attention
+from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.compiler import KernelRunner, apply_recompile_limit
+from runtime.config import RuntimeConfig
+from runtime.events import EventBus
+from runtime.kv_cache import KVCache, torch_dtype
+from runtime.metadata import DecodeMetadata, PrefillMetadata
+
+
+class StagingBuffers:
+    def __init__(self, config: RuntimeConfig, max_blocks: int, max_tokens: int) -> None:
+        m, dev = config.model, config.device
+        dt = torch_dtype(config.dtype)
+        s, h, d = config.max_num_seqs, m.num_heads, m.head_dim
+        self.q = torch.zeros(s, h, d, dtype=dt, device=dev)
+        self.out = torch.zeros(s, h, d, dtype=dt, device=dev)
+        self.block_table = torch.zeros(s, max_blocks, dtype=torch.long, device=dev)
+        self.left_pads = torch.zeros(s, dtype=torch.long, device=dev)
+        self.row_real = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.tkv = torch.zeros(1, dtype=torch.long, device=dev)
+        self.prefill_q = torch.zeros(max_tokens, h, d, dtype=dt, device=dev)
+        self.prefill_k = torch.zeros_like(self.prefill_q)
+        self.prefill_v = torch.zeros_like(self.prefill_q)
+        self.prefill_left_pad = torch.zeros(1, dtype=torch.long, device=dev)
+
+
+class PagedAttention:
+    def __init__(self, config: RuntimeConfig, bucketer: SpyreAttnBucketer, events: EventBus, mask_padding: bool = True) -> None:
+        self.config = config
+        self.cache = KVCache(config)
+        self.staging = StagingBuffers(config, bucketer.kv_blocks[-1], bucketer.prefill_tokens[-1])
+        apply_recompile_limit(config, len(list(bucketer.candidates())))
+        self.runners = {
+            DECODE: KernelRunner(DECODE, attention.make_decode(mask_padding), config, events),
+            BATCHED: KernelRunner(BATCHED, attention.make_batched(mask_padding), config, events),
+            PREFILL: KernelRunner(PREFILL, attention.make_prefill(mask_padding), config, events),
+        }
+
+    def serve(self) -> None:
+        for r in self.runners.values():
+            r.serve()
+
+    # -- decode ---------------------------------------------------------------------
+    def stage_decode(self, md: DecodeMetadata) -> None:
+        """Copy one step's metadata into the staging buffers (once per step, not per layer)."""
+        st, n = self.staging, md.padded_seqs
+        width = len(md.block_table[0])
+        st.block_table[:n, :width].copy_(torch.tensor(md.block_table, dtype=torch.long))
+        pads = list(md.left_pads) + [md.tkv] * (n - md.num_seqs)
+        st.left_pads[:n].copy_(torch.tensor(pads, dtype=torch.long))
+        st.row_real[:n].copy_(torch.arange(n) < md.num_seqs)
+        st.tkv.fill_(md.tkv)
+
+    def decode(self, layer: int, md: DecodeMetadata, q: torch.Tensor) -> torch.Tensor:
+        """q [s,H,D] for the real rows -> attention output [s,H,D]."""
+        st, s = self.staging, md.num_seqs
+        st.q[:s].copy_(q)
+        args = self.decode_args(md.bucket, layer)
+        out = self.runners[md.bucket.kernel](md.bucket, *args)
+        return out[:s].clone()
+
+    def decode_args(self, bucket: Bucket, layer: int, fresh: bool = False) -> tuple[Any, ...]:
+        """The exact argument views a decode bucket is called with (fresh=True: the fault seam)."""
+        st, cache = self.staging, self.cache
+        if bucket.kernel == DECODE:
+            (k,) = bucket.key
+            table, q = st.block_table[0, : int(k)], st.q[:1]
+            if fresh:
+                table, q = table.clone(), q.clone()
+            return (q, cache.k[layer], cache.v[layer], table, st.left_pads[:1], st.tkv)
+        n, k, needs_gather, store_out = bucket.key
+        n, k = int(n), int(k)
+        table, q, out = st.block_table[:n, :k], st.q[:n], st.out[:n]
+        if fresh:
+            table, q, out = table.contiguous().clone(), q.clone(), out.clone()
+        return (q, out, cache.k[layer], cache.v[layer], table, st.left_pads[:n], st.row_real[:n], st.tkv, needs_gather, store_out)
+
+    # -- prefill ------------------------------------------------------------------------
+    def prefill(self, layer: int, md: PrefillMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q/k/v [T,H,D] over the padded positions -> attention output [T,H,D]."""
+        st, t = self.staging, q.shape[0]
+        st.prefill_q[:t].copy_(q)
+        st.prefill_k[:t].copy_(k)
+        st.prefill_v[:t].copy_(v)
+        st.prefill_left_pad.fill_(md.left_pad)
+        return self.runners[PREFILL](md.bucket, *self.prefill_args(md.bucket)).clone()
+
+    def prefill_args(self, bucket: Bucket, fresh: bool = False) -> tuple[Any, ...]:
+        st, (t,) = self.staging, bucket.key
+        q, k, v = st.prefill_q[: int(t)], st.prefill_k[: int(t)], st.prefill_v[: int(t)]
+        if fresh:
+            q, k, v = q.clone(), k.clone(), v.clone()
+        return (q, k, v, st.prefill_left_pad)
+
+    def args_for(self, bucket: Bucket, fresh: bool = False) -> tuple[Any, ...]:
+        return self.prefill_args(bucket, fresh) if bucket.kernel == PREFILL else self.decode_args(bucket, 0, fresh)
+
+    def call(self, bucket: Bucket, args: tuple[Any, ...]) -> Any:
+        return self.runners[bucket.kernel](bucket, *args)
+
+    def write_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache.write(layer, slots, k, v)

@@ -1,0 +1,44 @@
+"""The oracle for "padding never changes a token": the same model, unpadded,
+unpaged and eager, one sequence at a time, recomputing its whole prefix each step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from runtime.model import TinyTransformer
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    tokens: tuple[int, ...]
+    logits: tuple[torch.Tensor, ...]  # one [vocab] row per generated token
+
+
+def forward(model: TinyTransformer, token_ids: list[int]) -> torch.Tensor:
+    """Logits of the last position for a contiguous, causal, unpadded sequence."""
+    dev = model.embedding.device
+    n = len(token_ids)
+    x = model.embed(torch.tensor(token_ids, device=dev), torch.arange(n, device=dev))
+    causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+    for layer in range(len(model.layers)):
+        q, k, v = model.qkv(layer, x)
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+        x = model.finish_layer(layer, x, attn)
+    return model.logits(x[-1:])[0]
+
+
+def generate(model: TinyTransformer, prompt: list[int], max_tokens: int) -> ReferenceRun:
+    seq, out, logits = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            row = forward(model, seq)
+            token = int(row.argmax())
+            logits.append(row)
+            out.append(token)
+            seq.append(token)
+    return ReferenceRun(tuple(out), tuple(logits))

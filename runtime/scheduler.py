@@ -1,0 +1,179 @@
+"""The continuous-batching scheduler: admission, tkv, left padding, shift and strip.
+
+Pure Python over the block pool; the engine runs the model around it. Every rule
+is the contract's (DESIGN "Positions and bucket keys"), and the invariants are
+asserted where they must hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from runtime.block_pool import BlockPool
+from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from runtime.metadata import SeqState
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    output: list[int] = field(default_factory=list)
+    left_pad: int = 0
+    blocks: list[int] = field(default_factory=list)
+
+    @property
+    def num_cached(self) -> int:
+        # The newest generated token is the next decode's input, not yet cached.
+        return len(self.prompt) + max(len(self.output) - 1, 0)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.output)
+
+    def seq_state(self) -> SeqState:
+        return SeqState(self.request_id, tuple(self.blocks), self.num_cached, self.left_pad)
+
+
+@dataclass(frozen=True)
+class Admission:
+    request: Request
+    shift: int  # tokens every running row moves right (a multiple of block_size)
+    tkv: int  # the batch tkv after the shift
+    reservation: int  # real blocks the request can ever need
+
+
+class Scheduler:
+    def __init__(self, config: RuntimeConfig, pool: BlockPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.bs = config.block_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.tkv = 0
+        self._next_id = 0
+        self._ids: set[str] = set()
+
+    # -- requests ---------------------------------------------------------------------
+    def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
+        """Check a request without touching any state; raise RequestError naming the fault."""
+        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+            raise RequestError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
+        tokens = list(prompt)  # type: ignore[call-overload]
+        if not tokens:
+            raise RequestError("prompt_token_ids is empty; give at least one token")
+        vocab = self.config.model.vocab_size
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise RequestError(f"prompt token {t!r} is not an int")
+            if not 0 <= t < vocab:
+                raise RequestError(f"prompt token {t} is outside the vocabulary [0, {vocab})")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RequestError(f"max_tokens={max_tokens!r}: must be an integer >= 1")
+        padded = math.ceil(len(tokens) / self.bs) * self.bs
+        if padded + max_tokens > self.config.max_model_len:
+            raise RequestError(
+                f"request can never fit: prompt of {len(tokens)} tokens pads to {padded}, plus "
+                f"max_tokens={max_tokens} exceeds max_model_len={self.config.max_model_len}"
+            )
+        rid = f"req-{self._next_id}" if request_id is None else request_id
+        if not isinstance(rid, str) or not rid:
+            raise RequestError(f"request_id={request_id!r}: must be a non-empty string")
+        if rid in self._ids:
+            raise RequestError(f"request_id={rid!r} is already in use")
+        return tuple(tokens), max_tokens, rid
+
+    def add(self, prompt: object, max_tokens: object, request_id: object = None) -> str:
+        tokens, mt, rid = self.validate(prompt, max_tokens, request_id)
+        if request_id is None:
+            self._next_id += 1
+        self._ids.add(rid)
+        self.waiting.append(Request(rid, tokens, mt))
+        return rid
+
+    # -- admission ----------------------------------------------------------------------
+    def next_admission(self) -> Admission | None:
+        """The head of the queue, if it can join now (arrival order: nobody overtakes it)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return None
+        req = self.waiting[0]
+        p, bs = len(req.prompt), self.bs
+        if not self.running:
+            shift, tkv = 0, math.ceil(p / bs) * bs
+        else:
+            shift = math.ceil((p - self.tkv) / bs) * bs if p > self.tkv else 0
+            tkv = self.tkv + shift
+        L = self.config.max_model_len
+        if tkv + req.max_tokens > L or any(tkv + r.remaining > L for r in self.running):
+            return None
+        lp = tkv - p
+        need = math.ceil((tkv + req.max_tokens - 1) / bs) - lp // bs
+        if not self.pool.can_reserve(need):
+            return None
+        return Admission(req, shift, tkv, need)
+
+    def admit(self, adm: Admission) -> Request:
+        req = self.waiting.popleft()
+        assert req is adm.request
+        for r in self.running:
+            r.left_pad += adm.shift
+        self.tkv = adm.tkv
+        req.left_pad = adm.tkv - len(req.prompt)
+        self.pool.reserve(req.request_id, adm.reservation)
+        prompt_blocks = math.ceil(adm.tkv / self.bs) - req.left_pad // self.bs
+        req.blocks = self.pool.allocate(req.request_id, prompt_blocks)
+        self.running.append(req)
+        return req
+
+    # -- decode --------------------------------------------------------------------------
+    def grow_for_decode(self) -> None:
+        """Give every row the block its next token lands in."""
+        for r in self.running:
+            need = self.tkv // self.bs - r.left_pad // self.bs + 1
+            if need > len(r.blocks):
+                assert need == len(r.blocks) + 1
+                r.blocks += self.pool.allocate(r.request_id, 1)
+
+    def seq_states(self) -> list[SeqState]:
+        return [r.seq_state() for r in self.running]
+
+    # -- completion -------------------------------------------------------------------------
+    def record_prefill(self, req: Request, token: int) -> list[Request]:
+        req.output.append(token)
+        return self._settle()
+
+    def record_decode(self, tokens: list[int]) -> list[Request]:
+        assert len(tokens) == len(self.running)
+        for r, t in zip(self.running, tokens, strict=True):
+            r.output.append(t)
+        self.tkv += 1
+        return self._settle()
+
+    def _settle(self) -> list[Request]:
+        done = [r for r in self.running if r.remaining == 0]
+        for r in done:
+            self.running.remove(r)
+            self.pool.free(r.request_id, r.blocks)
+            self.pool.release(r.request_id)
+        self._strip()
+        return done
+
+    def _strip(self) -> None:
+        if not self.running:
+            self.tkv = 0
+            return
+        k = min(r.left_pad // self.bs for r in self.running)
+        if k:
+            for r in self.running:
+                r.left_pad -= k * self.bs
+            self.tkv -= k * self.bs
+        assert all(r.left_pad + r.num_cached == self.tkv for r in self.running), "rows must end at tkv"
+
+    def snapshot(self) -> tuple[object, ...]:
+        """Everything a bad request must leave untouched."""
+        rows = tuple((r.request_id, r.left_pad, tuple(r.blocks), tuple(r.output)) for r in self.running)
+        return (self.tkv, rows, tuple(r.request_id for r in self.waiting), self.pool.snapshot(), self._next_id, frozenset(self._ids))

@@ -1,0 +1,56 @@
+"""`spyre-verify ladders`: the ladders, the warm set and every pruned bucket with its reason."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from runtime.bucketer import KERNELS, SpyreAttnBucketer
+from spyre_verify.cli_config import add_config_flags, config_from_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+    p = sub.add_parser("ladders", help="print ladders and enumerated buckets for a config")
+    add_config_flags(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
+    c = b.config
+    return {
+        "schema_version": 1,
+        "block_size": c.block_size,
+        "max_model_len": c.max_model_len,
+        "max_num_seqs": c.max_num_seqs,
+        "env_overrides": c.env_overrides(),
+        "kv_blocks": list(b.kv_blocks),
+        "num_seqs": list(b.num_seqs),
+        "prefill_tokens": list(b.prefill_tokens),
+        "num_blocks": c.total_blocks,
+        "usable_blocks": c.usable_blocks,
+        "buckets": {k: [list(x.key) for x in b.buckets(k)] for k in KERNELS},
+        "counts": {k: len(b.buckets(k)) for k in KERNELS},
+        "pruned": [{"kernel": p.bucket.kernel, "key": list(p.bucket.key), "reason": p.reason} for p in b.pruned()],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    b = SpyreAttnBucketer(config_from_args(args, backend="eager"))
+    payload = ladders_payload(b)
+    if args.json:
+        print(json.dumps(payload))
+        return 0
+    c = b.config
+    print(f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
+          f"pool={c.total_blocks} blocks ({c.usable_blocks} usable)")
+    for name, ladder in b.ladders().items():
+        print(f"{name:>15}: {list(ladder)}")
+    for k in KERNELS:
+        keys = " ".join(str(x.key).replace(" ", "") for x in b.buckets(k))
+        print(f"{k:>15}: {len(b.buckets(k))} buckets  {keys}")
+    pruned = b.pruned()
+    print(f"{'pruned':>15}: {len(pruned)}")
+    for p in pruned:
+        print(f"  {p.bucket}: {p.reason}")
+    return 0
