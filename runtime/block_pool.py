@@ -39,7 +39,7 @@ class BlockPool:
         return self.can_allocate(n)
 
     def reserve(self, owner: str, n: int) -> None:
-        if not self.can_reserve(n):
+        if n < 0 or not self.can_reserve(n):
             raise PoolExhausted(f"cannot reserve {n} blocks for {owner!r}: {self.num_free} free")
         self._reserved[owner] = self._reserved.get(owner, 0) + n
 
@@ -53,6 +53,8 @@ class BlockPool:
     # -- allocation ---------------------------------------------------------------
     def allocate(self, owner: str, n: int = 1) -> list[int]:
         """Hand out n blocks, drawing on the owner's reservation first."""
+        if n < 0:
+            raise PoolExhausted(f"cannot allocate a negative number of blocks ({n}) for {owner!r}")
         from_reservation = min(n, self._reserved.get(owner, 0))
         if n - from_reservation > self.num_free:
             raise PoolExhausted(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -96,6 +97,8 @@ class RuntimeConfig:
             out[ENV_KV_BUCKETS] = ",".join(str(b) for b in self.kv_buckets)
         if not self.batched_decode:
             out[ENV_BATCHED_DECODE] = "0"
+        if self.backend != RuntimeConfig.backend:
+            out[ENV_BACKEND] = self.backend
         return out
 
 
@@ -104,13 +107,13 @@ def parse_kv_buckets(text: str, name: str = ENV_KV_BUCKETS) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(p == "" for p in parts):
         raise ConfigError(f"{name}={text!r}: empty bucket; give comma-separated token lengths like '64,128,2048'")
-    values = []
     for p in parts:
-        try:
-            values.append(int(p, 10))
-        except ValueError:
-            raise ConfigError(f"{name}={text!r}: bucket {p!r} is not an integer; give token lengths like '64,128'") from None
-    return tuple(values)
+        if not _DIGITS.fullmatch(p.lstrip("-")):
+            raise ConfigError(f"{name}={text!r}: bucket {p!r} is not an integer; give token lengths like '64,128'")
+    return tuple(int(p) for p in parts)
+
+
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def parse_flag(text: str, name: str) -> bool:
@@ -120,8 +123,8 @@ def parse_flag(text: str, name: str) -> bool:
 
 
 def parse_backend(text: str, name: str = "backend") -> str:
-    if text in BACKENDS:
-        return text
+    if text.strip() in BACKENDS:
+        return text.strip()
     raise ConfigError(f"{name}={text!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
 
 

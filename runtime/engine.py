@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from runtime.block_pool import BlockPool
+from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.events import BatchInfo, BlockTableEvent, DispatchEvent, EventBus, KVWriteEvent
+from runtime.events import BatchInfo, BlockTableEvent, DispatchEvent, EventBus, KVWriteEvent, RequestEvent, StepEvent
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
@@ -60,6 +60,9 @@ class Engine:
     def add_request(self, prompt_token_ids: object, max_tokens: object, request_id: object = None) -> str:
         rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id)
         self.outputs[rid] = []
+        if self.events:
+            req = self.scheduler.waiting[-1]
+            self.events.emit("request", RequestEvent(rid, req.prompt, req.max_tokens))
         return rid
 
     def has_work(self) -> bool:
@@ -90,8 +93,11 @@ class Engine:
         else:
             assert not sched.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
+        finished = tuple(r.request_id for r in done)
+        if self.events:
+            self.events.emit("step", StepEvent(self.steps, kind, bucket, finished))
         self.steps += 1
-        return StepResult(kind, bucket, tuple(r.request_id for r in done))
+        return StepResult(kind, bucket, finished)
 
     # -- model passes ---------------------------------------------------------------------------
     def _run_prefill(self, req: Request, md: PrefillMetadata) -> int:
@@ -100,7 +106,7 @@ class Engine:
         tokens = [0] * lp + list(req.prompt) + [0] * (width - tkv)
         positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(width)]
         self._emit_dispatch(md.bucket, BatchInfo((req.request_id,), (md.prompt_len,), (lp,), tkv))
-        self._emit_table(md.bucket, (req.request_id,), (lp,), (md.block_table,))
+        self._emit_table(md.bucket, (req.request_id,), (lp,), tkv, (md.block_table,))
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
         self._emit_writes([(req.request_id, md.slots)])
         with torch.no_grad():
@@ -116,7 +122,7 @@ class Engine:
         dev, running = self.config.device, self.scheduler.running
         batch = BatchInfo(md.request_ids, md.seq_lens, md.left_pads, md.tkv)
         self._emit_dispatch(md.bucket, batch)
-        self._emit_table(md.bucket, md.request_ids, md.left_pads, md.block_table)
+        self._emit_table(md.bucket, md.request_ids, md.left_pads, md.tkv, md.block_table)
         self._emit_writes([(rid, (slot,)) for rid, slot in zip(md.request_ids, md.slots, strict=True)])
         self.attention.stage_decode(md)
         inputs = torch.tensor([r.output[-1] for r in running], device=dev)
@@ -144,11 +150,13 @@ class Engine:
         if self.events:
             self.events.emit("dispatch", DispatchEvent(bucket.kernel, bucket, batch, self.attention.runners[bucket.kernel].phase, self.steps))
 
-    def _emit_table(self, bucket: Bucket, rids: tuple[str, ...], pads: tuple[int, ...], table: tuple[tuple[int, ...], ...]) -> None:
+    def _emit_table(
+        self, bucket: Bucket, rids: tuple[str, ...], pads: tuple[int, ...], tkv: int, table: tuple[tuple[int, ...], ...]
+    ) -> None:
         if self.events:
             ids = sorted({b for row in table for b in row})
             owners = tuple((b, self.pool.owner_of(b)) for b in ids)
-            ev = BlockTableEvent(bucket.kernel, bucket, self.steps, rids, pads, table, owners, self.pool.num_blocks, 0)
+            ev = BlockTableEvent(bucket.kernel, bucket, self.steps, rids, pads, tkv, table, owners, self.pool.num_blocks, NULL_BLOCK)
             self.events.emit("block_table", ev)
 
     def _emit_writes(self, writes: list[tuple[str, tuple[int, ...]]]) -> None:

@@ -76,6 +76,7 @@ class BlockTableEvent:
     step: int
     request_ids: tuple[str, ...]
     left_pads: tuple[int, ...]
+    tkv: int
     block_table: tuple[tuple[int, ...], ...]  # one row per (padded) sequence
     owners: tuple[tuple[int, str | None], ...]  # owner of every block id in the table
     num_blocks: int
@@ -89,6 +90,23 @@ class KVWriteEvent:
     blocks: tuple[int, ...]  # block of each slot
     owners: tuple[str | None, ...]  # owner of each written block at write time
     step: int
+
+
+@dataclass(frozen=True)
+class RequestEvent:
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Emitted after a step has finished: KV writes, tokens and frees are all done."""
+
+    step: int
+    kind: str
+    bucket: Bucket
+    finished: tuple[str, ...]
 
 
 class EventBus:

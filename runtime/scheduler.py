@@ -80,17 +80,23 @@ class Scheduler:
                 f"request can never fit: prompt of {len(tokens)} tokens pads to {padded}, plus "
                 f"max_tokens={max_tokens} exceeds max_model_len={self.config.max_model_len}"
             )
-        rid = f"req-{self._next_id}" if request_id is None else request_id
+        rid = self._fresh_id() if request_id is None else request_id
         if not isinstance(rid, str) or not rid:
             raise RequestError(f"request_id={request_id!r}: must be a non-empty string")
         if rid in self._ids:
             raise RequestError(f"request_id={rid!r} is already in use")
         return tuple(tokens), max_tokens, rid
 
+    def _fresh_id(self) -> str:
+        n = self._next_id
+        while f"req-{n}" in self._ids:
+            n += 1
+        return f"req-{n}"
+
     def add(self, prompt: object, max_tokens: object, request_id: object = None) -> str:
         tokens, mt, rid = self.validate(prompt, max_tokens, request_id)
         if request_id is None:
-            self._next_id += 1
+            self._next_id = int(rid.removeprefix("req-")) + 1
         self._ids.add(rid)
         self.waiting.append(Request(rid, tokens, mt))
         return rid

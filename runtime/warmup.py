@@ -10,6 +10,14 @@ from runtime.paged_attention import PagedAttention
 from runtime.seams import Seams
 
 
+def warm_plan(bucketer: SpyreAttnBucketer, seams: Seams = Seams()) -> list[Bucket]:
+    """The buckets warmup compiles, in order: per kernel, largest first. Needs no tensors."""
+    plan: list[Bucket] = []
+    for kernel in seams.warmup_kernels:
+        plan += sorted(bucketer.buckets(kernel), reverse=True)
+    return seams.warmup_buckets(plan) if seams.warmup_buckets else plan
+
+
 class WarmupRecorder:
     def __init__(self, bucketer: SpyreAttnBucketer, attention: PagedAttention, seams: Seams = Seams()) -> None:
         self.bucketer = bucketer
@@ -19,11 +27,7 @@ class WarmupRecorder:
         self.done = False
 
     def plan(self) -> list[Bucket]:
-        """The buckets warmup will compile, in order: per kernel, largest first."""
-        plan: list[Bucket] = []
-        for kernel in self.seams.warmup_kernels:
-            plan += sorted(self.bucketer.buckets(kernel), reverse=True)
-        return self.seams.warmup_buckets(plan) if self.seams.warmup_buckets else plan
+        return warm_plan(self.bucketer, self.seams)
 
     def record_graphs(self, progress: Callable[[int, int, Bucket], None] | None = None) -> list[CompileEvent]:
         assert not self.done, "warmup runs once per engine"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,10 +26,10 @@ def _int_flag(name: str, value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    try:
-        return int(str(value), 10)
-    except ValueError:
-        raise ConfigError(f"--{name}={value!r}: must be an integer") from None
+    text = str(value).strip()
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise ConfigError(f"--{name}={value!r}: must be an integer")
+    return int(text)
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None, **extra: Any) -> RuntimeConfig:

@@ -36,7 +36,7 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    b = SpyreAttnBucketer(config_from_args(args, backend="eager"))
+    b = SpyreAttnBucketer(config_from_args(args))
     payload = ladders_payload(b)
     if args.json:
         print(json.dumps(payload))

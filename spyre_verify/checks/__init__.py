@@ -1,0 +1,1 @@
+"""The invariant checkers. Each flags its negative control and stays quiet on a correct run."""

@@ -1,0 +1,1 @@
+"""The spyre-verify pytest plugin (registered through the pytest11 entry point)."""

@@ -1,0 +1,183 @@
+"""Staging buffers and graph reuse: warmup compiles exactly the graphs serving runs.
+
+Every kernel argument is a view of a fixed staging buffer (or the KV cache), with
+the same storage, shape and strides on every call of a bucket, so Dynamo's guards
+match between warmup and serving. The `fresh=True` seam breaks that for the batched
+buckets whose block table is narrower than the staging buffer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.config import RuntimeConfig
+from runtime.engine import Engine
+from runtime.events import SERVING, EventBus
+from runtime.paged_attention import PagedAttention
+from runtime.seams import Seams
+
+SMALL = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
+
+
+def same_view(t: torch.Tensor, buf: torch.Tensor) -> bool:
+    """`t` is a leading slice of `buf`: same storage, same start, same strides."""
+    return (
+        t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+        and t.data_ptr() == buf.data_ptr()
+        and t.stride() == buf.stride()
+    )
+
+
+def layout(args: tuple[object, ...]) -> list[object]:
+    """What Dynamo guards on for each argument: shape and stride of tensors, value of flags."""
+    return [(a.shape, a.stride(), a.dtype, a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+@pytest.fixture(scope="module")
+def paged() -> PagedAttention:
+    return PagedAttention(SMALL, SpyreAttnBucketer(SMALL), EventBus())
+
+
+def warm_buckets(kernel: str) -> list[Bucket]:
+    return SpyreAttnBucketer(SMALL).buckets(kernel)
+
+
+# -- argument views -----------------------------------------------------------------------------
+@pytest.mark.parametrize("bucket", warm_buckets(DECODE) + warm_buckets(BATCHED), ids=str)
+def test_decode_args_are_staging_views(paged: PagedAttention, bucket: Bucket) -> None:
+    st = paged.staging
+    for layer in range(SMALL.model.num_layers):
+        args = paged.decode_args(bucket, layer)
+        assert layout(args) == layout(paged.decode_args(bucket, layer)), "every call of a bucket looks the same"
+        if bucket.kernel == DECODE:
+            q, k_cache, v_cache, table, left_pads, tkv = args
+            assert table.shape == (bucket.key[0],)
+            assert same_view(q, st.q) and q.shape[0] == 1
+            assert table.data_ptr() == st.block_table.data_ptr() and table.stride() == st.block_table.stride()[1:]
+        else:
+            n, kv, needs_gather, store_out = bucket.key
+            q, out, k_cache, v_cache, table, left_pads, row_real, tkv, *flags = args
+            assert flags == [needs_gather, store_out]
+            assert table.shape == (n, kv) and q.shape[0] == out.shape[0] == n
+            assert same_view(q, st.q) and same_view(out, st.out) and same_view(table, st.block_table)
+            assert same_view(row_real, st.row_real)
+        assert same_view(left_pads, st.left_pads) and tkv is st.tkv
+        assert k_cache is paged.cache.k[layer] and v_cache is paged.cache.v[layer]
+
+
+@pytest.mark.parametrize("bucket", warm_buckets(PREFILL), ids=str)
+def test_prefill_args_are_staging_views(paged: PagedAttention, bucket: Bucket) -> None:
+    st = paged.staging
+    args = paged.prefill_args(bucket)
+    assert layout(args) == layout(paged.prefill_args(bucket))
+    q, k, v, left_pad = args
+    assert q.shape[0] == bucket.key[0]
+    assert same_view(q, st.prefill_q) and same_view(k, st.prefill_k) and same_view(v, st.prefill_v)
+    assert left_pad is st.prefill_left_pad
+    assert layout(paged.args_for(bucket)) == layout(args)
+
+
+def test_fresh_args_change_strides_only_for_narrow_batched_tables(paged: PagedAttention) -> None:
+    st, top = paged.staging, SpyreAttnBucketer(SMALL).kv_blocks[-1]
+    narrow = 0
+    for bucket in sorted(SpyreAttnBucketer(SMALL).warm_set()):
+        staged, fresh = paged.args_for(bucket), paged.args_for(bucket, fresh=True)
+        tensors = [(s, f) for s, f in zip(staged, fresh, strict=True) if isinstance(s, torch.Tensor)]
+        assert all(s.shape == f.shape for s, f in tensors)
+        assert any(s.data_ptr() != f.data_ptr() for s, f in tensors), "fresh tensors are new storage"
+        strides_differ = [s.stride() != f.stride() for s, f in tensors]
+        if bucket.kernel == BATCHED and bucket.key[1] < top:
+            narrow += 1
+            table = fresh[4]
+            assert table.stride() == (bucket.key[1], 1) != st.block_table.stride()
+            assert any(strides_differ)
+        else:
+            # A clone of a contiguous slice has the slice's strides: only storage differs.
+            assert not any(strides_differ), bucket
+    assert narrow > 0
+
+
+# -- warmup, then serving without a single compile --------------------------------------------------
+class DispatchLog:
+    def __init__(self) -> None:
+        self.buckets: list[Bucket] = []
+
+    def on_dispatch(self, event) -> None:
+        self.buckets.append(event.bucket)
+
+
+def serve_mixed_workload(engine: Engine, seed: int, num_requests: int = 24) -> None:
+    """Short and long prompts and generations, arrivals interleaved with steps, run to completion."""
+    rnd, cfg = random.Random(seed), engine.config
+    bs, length = cfg.block_size, cfg.max_model_len
+    for _ in range(num_requests):
+        p = rnd.randint(1, bs) if rnd.random() < 0.5 else rnd.randint(1, length - bs)
+        padded = -(-p // bs) * bs
+        max_tokens = rnd.randint(1, 3) if rnd.random() < 0.5 else rnd.randint(1, length - padded)
+        engine.add_request([rnd.randrange(cfg.model.vocab_size) for _ in range(p)], max_tokens)
+        for _ in range(rnd.randint(0, 4)):
+            if engine.has_work():
+                engine.step()
+    engine.run_until_done()
+
+
+# PagedAttention.decode runs the per-sequence kernel once, on row 0 only, whatever
+# the number of running rows: with batched decode off, two rows crash the model.
+PER_SEQ_BUG = pytest.mark.xfail(raises=RuntimeError, strict=True, reason="per-sequence decode of >= 2 rows")
+
+CONFIGS = [
+    pytest.param(SMALL, id="default"),
+    pytest.param(SMALL.with_(kv_buckets=(8, 24, 32)), id="kv-override"),
+    pytest.param(SMALL.with_(num_blocks=12), id="tight-pool"),
+    pytest.param(SMALL.with_(max_model_len=16, max_num_seqs=1), id="one-seq"),
+    pytest.param(
+        SMALL.with_(max_model_len=16, max_num_seqs=3, batched_decode=False), id="no-batched", marks=PER_SEQ_BUG
+    ),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_warmup_then_serving_compiles_nothing(config: RuntimeConfig, request: pytest.FixtureRequest) -> None:
+    engine = Engine(config)
+    engine.warmup()
+    warm = engine.bucketer.warm_set()
+    compiled = Counter(e.bucket for e in engine.recorder.events)
+    assert set(compiled) == warm
+    assert all(n == 1 for n in compiled.values()), f"buckets compiled more than once: {compiled}"
+    assert engine.recorder.warm_set == warm
+
+    log = DispatchLog()
+    engine.subscribe(log)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        serve_mixed_workload(engine, seed=sum(map(ord, request.node.callspec.id)))
+
+    assert set(log.buckets) <= warm
+    kernels = {PREFILL, DECODE, BATCHED} if engine.bucketer.buckets(BATCHED) else {PREFILL, DECODE}
+    assert {b.kernel for b in log.buckets} == kernels, "the workload exercises every kernel warmup compiled"
+    for kernel, runner in engine.attention.runners.items():
+        assert runner.phase == SERVING
+        assert [c for c in runner.compiles if c.phase == SERVING] == [], kernel
+        assert runner.calls == runner.hits, f"{kernel}: calls without a graph hit ran eagerly"
+        # Warmup calls each warm bucket once; serving calls a dispatched bucket once per layer.
+        served = sum(1 for b in log.buckets if b.kernel == kernel)
+        warmed = sum(1 for b in warm if b.kernel == kernel)
+        assert sum(runner.calls.values()) == warmed + engine.config.model.num_layers * served
+
+
+def test_fail_on_recompile_catches_warmup_on_fresh_tensors() -> None:
+    """The control: warm up on fresh tensors, and serving a narrow batched bucket recompiles."""
+    cfg = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    engine = Engine(cfg, seams=Seams(warmup_fresh_tensors=True))
+    engine.warmup()
+    attn, top = engine.attention, engine.bucketer.kv_blocks[-1]
+    narrow, wide = Bucket(BATCHED, (2, 1, False, True)), Bucket(BATCHED, (2, top, False, True))
+    assert {narrow, wide} <= engine.recorder.warm_set
+    with torch.compiler.set_stance("fail_on_recompile"):
+        attn.call(wide, attn.args_for(wide))  # a full-width slice is contiguous: same strides, same graph
+        with pytest.raises(RuntimeError, match="block_table' stride mismatch"):
+            attn.call(narrow, attn.args_for(narrow))

@@ -1,0 +1,181 @@
+"""SpyreAttnBucketer: warm-set tables, pruning reasons, dispatch, and exactness against the walk."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.config import RuntimeConfig
+from spyre_verify.reachable import walk
+
+T, F = True, False
+
+
+def bucketer(**kwargs: object) -> SpyreAttnBucketer:
+    return SpyreAttnBucketer(RuntimeConfig(backend="eager", **kwargs))
+
+
+def test_default_config_counts() -> None:
+    b = bucketer()
+    assert {k: len(b.buckets(k)) for k in KERNELS} == {DECODE: 6, BATCHED: 30, PREFILL: 32}
+    assert [x.key for x in b.buckets(DECODE)] == [(1,), (2,), (4,), (8,), (16,), (32,)]
+    assert [x.key[0] for x in b.buckets(PREFILL)] == [64 * t for t in range(1, 33)]
+
+
+def test_default_batched_warm_set_is_both_flag_forms_where_a_rung_below_exists() -> None:
+    b = bucketer()
+    keys = {x.key for x in b.buckets(BATCHED)}
+    full = {(n, kv, F, T) for n in (2, 4, 8) for kv in (1, 2, 4, 8, 16, 32)}
+    gathered = {(n, kv, T, F) for n in (4, 8) for kv in (1, 2, 4, 8, 16, 32)}
+    assert keys == full | gathered
+
+
+def test_tight_pool_batched_warm_set() -> None:
+    b = bucketer(block_size=64, max_model_len=256, max_num_seqs=4, num_blocks=6)
+    assert [x.key for x in b.buckets(BATCHED)] == [
+        (2, 1, F, T),
+        (2, 2, F, T),
+        (2, 4, F, T),
+        (4, 1, F, T),
+        (4, 1, T, F),
+        (4, 2, F, T),
+        (4, 2, T, F),
+        (4, 4, T, F),
+    ]
+    reasons = {p.bucket.key: p.reason for p in b.pruned() if p.bucket.kernel == BATCHED}
+    assert "pool" in reasons[(4, 4, F, T)] and "5" in reasons[(4, 4, F, T)]
+
+
+def test_tight_pool_keeps_every_decode_and_prefill_rung() -> None:
+    b = bucketer(block_size=64, max_model_len=256, max_num_seqs=4, num_blocks=6)
+    assert [x.key for x in b.buckets(DECODE)] == [(1,), (2,), (4,)]
+    assert [x.key for x in b.buckets(PREFILL)] == [(64,), (128,), (192,), (256,)]
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"max_num_seqs": 5}, {"block_size": 16, "max_model_len": 100, "num_blocks": 9}])
+def test_mixed_flag_combinations_are_always_pruned(kwargs: dict[str, object]) -> None:
+    b = bucketer(**kwargs)
+    warm = b.warm_set()
+    pruned = {p.bucket: p.reason for p in b.pruned()}
+    for n in b.num_seqs:
+        for kv in b.kv_blocks:
+            for flag in (T, F):
+                bucket = Bucket(BATCHED, (n, kv, flag, flag))
+                assert bucket not in warm
+                assert "store_out" in pruned[bucket]
+
+
+def test_batched_decode_disabled_prunes_every_batched_bucket() -> None:
+    b = bucketer(batched_decode=False)
+    assert b.buckets(BATCHED) == []
+    batched = [p for p in b.pruned() if p.bucket.kernel == BATCHED]
+    assert len(batched) == 3 * 6 * 4
+    assert all("disabled" in p.reason for p in batched)
+    assert len(b.buckets(DECODE)) == 6
+
+
+def test_batched_decode_disabled_from_env() -> None:
+    c = RuntimeConfig.from_env(env={"SPYRE_BATCHED_DECODE": "0"}, backend="eager")
+    assert SpyreAttnBucketer(c).buckets(BATCHED) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"block_size": 64, "max_model_len": 256, "max_num_seqs": 4, "num_blocks": 6}, {"max_num_seqs": 1}],
+)
+def test_warm_set_and_pruned_partition_the_candidates(kwargs: dict[str, object]) -> None:
+    b = bucketer(**kwargs)
+    pruned = b.pruned()
+    assert all(p.reason.strip() for p in pruned), "every pruned bucket needs a reason"
+    pruned_set = {p.bucket for p in pruned}
+    assert not pruned_set & b.warm_set()
+    assert pruned_set | b.warm_set() == set(b.candidates())
+    n_kv, n_seqs = len(b.kv_blocks), len(b.num_seqs)
+    assert len(set(b.candidates())) == n_kv + 4 * n_seqs * n_kv + len(b.prefill_tokens)
+
+
+# -- dispatch ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seqs", "blocks", "expected"),
+    [
+        (1, 1, Bucket(DECODE, (1,))),
+        (1, 3, Bucket(DECODE, (4,))),
+        (1, 32, Bucket(DECODE, (32,))),
+        (2, 5, Bucket(BATCHED, (2, 8, F, T))),
+        (3, 2, Bucket(BATCHED, (4, 2, T, F))),
+        (4, 17, Bucket(BATCHED, (4, 32, F, T))),
+        (5, 1, Bucket(BATCHED, (8, 1, T, F))),
+        (8, 9, Bucket(BATCHED, (8, 16, F, T))),
+    ],
+)
+def test_decode_bucket(seqs: int, blocks: int, expected: Bucket) -> None:
+    b = bucketer()
+    got = b.decode_bucket(seqs, blocks)
+    assert got == expected
+    if got.kernel == BATCHED:
+        n, _, needs_gather, store_out = got.key
+        assert needs_gather == (seqs < n) and store_out == (not needs_gather)
+    assert got in b.warm_set()
+
+
+def test_decode_bucket_with_odd_max_num_seqs() -> None:
+    b = bucketer(max_num_seqs=6)
+    assert b.decode_bucket(5, 1) == Bucket(BATCHED, (6, 1, T, F))
+    assert b.decode_bucket(6, 1) == Bucket(BATCHED, (6, 1, F, T))
+
+
+def test_decode_bucket_per_sequence_when_batched_is_off_or_single_seq() -> None:
+    assert bucketer(batched_decode=False).decode_bucket(5, 3) == Bucket(DECODE, (4,))
+    assert bucketer(max_num_seqs=1).decode_bucket(1, 3) == Bucket(DECODE, (4,))
+
+
+# -- exactness against the exhaustive walk ---------------------------------------------------
+
+
+def walked_keys(b: SpyreAttnBucketer) -> frozenset[Bucket]:
+    c = b.config
+    d = walk(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks)
+    out = set()
+    for seqs, blocks in d.decode:
+        kv = b.kv_rung(blocks)
+        if b.uses_batched(seqs):
+            n = b.seqs_rung(seqs)
+            out.add(Bucket(BATCHED, (n, kv, seqs < n, seqs == n)))
+        else:
+            out.add(Bucket(DECODE, (kv,)))
+    out |= {Bucket(PREFILL, (b.prefill_rung(tokens),)) for tokens in d.prefill}
+    return frozenset(out)
+
+
+# (max_num_seqs, pool) -> the largest max_model_len walked; the walk grows about as L**(2*S).
+GRID_LIMITS = {(1, "min"): 20, (1, "min+1"): 20, (1, "default"): 20}
+GRID_LIMITS |= {(2, "min"): 20, (2, "min+1"): 20, (2, "default"): 16}
+GRID_LIMITS |= {(3, "min"): 14, (3, "min+1"): 13, (3, "default"): 10}
+
+
+def pool_size(pool: str, bs: int, L: int) -> int | None:
+    smallest = math.ceil(L / bs) + 1
+    return {"min": smallest, "min+1": smallest + 1, "default": None}[pool]
+
+
+@pytest.mark.parametrize("bs", [1, 2, 4, 8])
+@pytest.mark.parametrize(("seqs", "pool"), sorted(GRID_LIMITS))
+def test_warm_set_equals_walked_reachable_set(bs: int, seqs: int, pool: str) -> None:
+    for L in range(1, GRID_LIMITS[seqs, pool] + 1):
+        b = bucketer(block_size=bs, max_model_len=L, max_num_seqs=seqs, num_blocks=pool_size(pool, bs, L))
+        walked = walked_keys(b)
+        warm = b.warm_set()
+        where = f"bs={bs} L={L} S={seqs} num_blocks={b.config.total_blocks}"
+        assert walked - warm == set(), f"{where}: reachable but never warmed"
+        assert warm - walked == set(), f"{where}: warmed but unreachable"
+
+
+def test_tight_pool_warm_set_equals_walk_on_a_larger_config() -> None:
+    # bs=4, L=20, S=3 with one block of slack: pruning by the pool matters here.
+    b = bucketer(block_size=4, max_model_len=20, max_num_seqs=3, num_blocks=7)
+    assert b.pruned(), "this config must prune something for the test to mean anything"
+    assert walked_keys(b) == b.warm_set()

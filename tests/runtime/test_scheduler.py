@@ -1,0 +1,230 @@
+"""Scheduler arithmetic on a real BlockPool, no tensors: admission, shift, strip, reservations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime.block_pool import BlockPool
+from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from runtime.scheduler import Request, Scheduler
+
+BS, L = 4, 32
+
+
+def scheduler(max_num_seqs: int = 4, **kwargs: object) -> Scheduler:
+    c = RuntimeConfig(block_size=BS, max_model_len=L, max_num_seqs=max_num_seqs, backend="eager", **kwargs)
+    return Scheduler(c, BlockPool(c.total_blocks))
+
+
+def admit(s: Scheduler, prompt_len: int, max_tokens: int, rid: str) -> Request:
+    s.add([1] * prompt_len, max_tokens, rid)
+    adm = s.next_admission()
+    assert adm is not None and adm.request.request_id == rid
+    req = s.admit(adm)
+    s.record_prefill(req, 7)
+    return req
+
+
+def decode(s: Scheduler) -> list[Request]:
+    s.grow_for_decode()
+    return s.record_decode([7] * len(s.running))
+
+
+def check_rows(s: Scheduler) -> None:
+    for r in s.running:
+        assert r.left_pad + r.num_cached == s.tkv
+        assert len(r.blocks) == math.ceil(s.tkv / BS) - r.left_pad // BS
+        assert sorted(s.pool.blocks_of(r.request_id)) == sorted(r.blocks)
+
+
+def test_first_request_pads_to_a_block() -> None:
+    s = scheduler()
+    a = admit(s, 5, 3, "a")
+    assert s.tkv == 8 and a.left_pad == 3
+    assert len(a.blocks) == 2
+    check_rows(s)
+
+
+def test_join_shorter_prompt_is_left_padded_to_tkv() -> None:
+    s = scheduler()
+    admit(s, 8, 5, "a")
+    for p in (8, 5, 1):
+        s.add([1] * p, 3, f"p{p}")
+        adm = s.next_admission()
+        assert adm is not None and adm.shift == 0 and adm.tkv == 8
+        req = s.admit(adm)
+        assert req.left_pad == 8 - p
+        s.record_prefill(req, 7)
+    assert s.tkv == 8
+    check_rows(s)
+
+
+def test_longer_join_shifts_every_row_by_a_block_multiple() -> None:
+    s = scheduler()
+    a = admit(s, 6, 6, "a")  # tkv 8, lp 2
+    b = admit(s, 3, 6, "b")  # lp 5
+    a_blocks, b_blocks = list(a.blocks), list(b.blocks)
+    s.add([1] * 13, 4, "c")  # 13 > 8: shift by ceil(5 / 4) * 4 = 8
+    adm = s.next_admission()
+    assert adm is not None and (adm.shift, adm.tkv) == (8, 16)
+    c = s.admit(adm)
+    assert s.tkv == 16
+    assert (a.left_pad, b.left_pad, c.left_pad) == (10, 13, 3)
+    assert adm.shift % BS == 0
+    assert a.blocks == a_blocks and b.blocks == b_blocks, "a shift adds only null entries"
+    s.record_prefill(c, 7)
+    check_rows(s)
+
+
+def test_strip_drops_whole_padding_blocks_after_a_finish() -> None:
+    s = scheduler()
+    a = admit(s, 8, 2, "a")  # tkv 8, lp 0, one decode left
+    b = admit(s, 2, 5, "b")  # lp 6: one whole padding block
+    s.grow_for_decode()
+    assert len(b.blocks) == 2  # its prompt block and the block for position 8
+    b_blocks = list(b.blocks)
+    done = s.record_decode([7, 7])
+    assert done == [a] and a not in s.running
+    assert s.pool.blocks_of("a") == [] and s.pool.reserved("a") == 0
+    # tkv 9 -> 5, b's left padding 6 -> 2: one leading null entry dropped, real blocks kept.
+    assert (s.tkv, b.left_pad) == (5, 2)
+    assert b.blocks == b_blocks
+    check_rows(s)
+
+
+def test_no_strip_while_some_row_has_no_whole_padding_block() -> None:
+    s = scheduler()
+    admit(s, 8, 5, "a")  # lp 0
+    b = admit(s, 2, 5, "b")  # lp 6
+    decode(s)
+    assert (s.tkv, b.left_pad) == (9, 6)
+
+
+def test_strip_to_empty_resets_tkv() -> None:
+    s = scheduler()
+    admit(s, 5, 1, "a")  # finishes at prefill
+    assert s.running == [] and s.tkv == 0
+    assert s.pool.allocated() == {} and s.pool.num_free == s.pool.usable
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "reserved"),
+    [
+        (5, 1, 2),
+        (5, 3, 3),
+        (5, 4, 3),
+        (5, 5, 3),
+        (5, 6, 4),
+        (8, 1, 2),
+        (8, 2, 3),
+        (1, 1, 1),
+        (1, 4, 2),
+        (1, 5, 2),
+        (1, 6, 3),
+    ],
+)
+def test_reservation_formula_alone(prompt: int, max_tokens: int, reserved: int) -> None:
+    # need = ceil((tkv + max_tokens - 1) / bs) - lp // bs, with tkv = ceil(p / bs) * bs
+    s = scheduler()
+    s.add([1] * prompt, max_tokens, "r")
+    adm = s.next_admission()
+    assert adm is not None and adm.reservation == reserved
+    s.admit(adm)
+    assert len(s.pool.blocks_of("r")) + s.pool.reserved("r") == reserved
+
+
+def test_reservation_formula_joining() -> None:
+    s = scheduler()
+    admit(s, 8, 9, "a")  # tkv 8
+    s.add([1, 2], 6, "b")  # lp 6: entries 1.. up to position 8 + 6 - 2 = 12 -> entries 1..3
+    adm = s.next_admission()
+    assert adm is not None and adm.reservation == math.ceil((8 + 6 - 1) / BS) - 6 // BS == 3
+
+
+def test_reservations_cover_every_decode() -> None:
+    s = scheduler(num_blocks=12)  # 11 usable
+    admit(s, 5, 10, "a")
+    admit(s, 2, 7, "b")
+    while s.running:
+        decode(s)
+        check_rows(s)
+    assert s.pool.allocated() == {} and s.pool.num_free == 11
+
+
+def test_request_waits_when_the_pool_cannot_reserve() -> None:
+    s = scheduler(num_blocks=9)  # 8 usable, the minimum for L=32
+    admit(s, 8, 20, "a")  # reserves ceil(27 / 4) = 7 blocks
+    s.add([1] * 4, 2, "b")  # needs 2 more (positions up to 9) with 1 free
+    assert s.next_admission() is None
+    assert [r.request_id for r in s.waiting] == ["b"]
+
+
+def test_request_waits_when_all_slots_are_taken() -> None:
+    s = scheduler(max_num_seqs=1)
+    admit(s, 4, 3, "a")
+    s.add([1], 1, "b")
+    assert s.next_admission() is None
+
+
+def test_request_waits_when_a_shift_would_push_a_running_row_past_max_model_len() -> None:
+    s = scheduler()
+    admit(s, 4, 27, "a")  # tkv 4, 26 tokens still to generate: 4 + 26 = 30 <= 32
+    s.add([1] * 9, 3, "b")  # shift by 8 -> tkv 12, and 12 + 26 > 32
+    assert s.next_admission() is None
+
+
+# -- rejections -------------------------------------------------------------------------
+
+
+def busy_scheduler() -> Scheduler:
+    s = scheduler()
+    admit(s, 6, 5, "a")
+    s.add([1, 2, 3], 4, "w")
+    s.add([4], 2)  # auto id
+    return s
+
+
+def test_request_that_can_never_fit_is_rejected_and_nothing_changes() -> None:
+    s = busy_scheduler()
+    before = s.snapshot()
+    with pytest.raises(RequestError, match=r"never fit.*5 tokens pads to 8.*max_tokens=25.*max_model_len=32"):
+        s.add([1] * 5, 25, "big")
+    assert s.snapshot() == before
+    assert s.add([1] * 5, 24, "fits") == "fits"  # 8 + 24 == 32 is accepted
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "rid", "match"),
+    [
+        ([], 3, "x", "empty"),
+        ([1, 128], 3, "x", "128 is outside the vocabulary"),
+        ([-1], 3, "x", "-1 is outside the vocabulary"),
+        ([1, 2.0], 3, "x", "2.0 is not an int"),
+        ([1, "2"], 3, "x", "'2' is not an int"),
+        ([True], 3, "x", "True is not an int"),
+        ("abc", 3, "x", "list of ints"),
+        ([1], 0, "x", "max_tokens=0"),
+        ([1], -1, "x", "max_tokens=-1"),
+        ([1], "3", "x", "max_tokens='3'"),
+        ([1], 3, "a", "request_id='a' is already in use"),
+        ([1], 3, "w", "request_id='w' is already in use"),
+        ([1], 3, "", "non-empty"),
+    ],
+)
+def test_bad_request_is_rejected_and_nothing_changes(prompt: object, max_tokens: object, rid: str, match: str) -> None:
+    s = busy_scheduler()
+    before = s.snapshot()
+    with pytest.raises(RequestError, match=match):
+        s.add(prompt, max_tokens, rid)
+    assert s.snapshot() == before
+
+
+def test_rejected_request_does_not_consume_an_auto_id() -> None:
+    s = scheduler()
+    with pytest.raises(RequestError):
+        s.add([], 3)
+    assert s.add([1], 3) == "req-0"
+    assert s.add([1], 3) == "req-1"
