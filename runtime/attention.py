@@ -42,7 +42,9 @@ def make_decode(mask_padding: bool = True):
 
 
 def make_batched(mask_padding: bool = True):
-    def batched_decode_attention(q, out, k_cache, v_cache, block_table, left_pads, row_real, tkv, needs_gather, store_out):
+    def batched_decode_attention(
+        q, out, k_cache, v_cache, block_table, left_pads, row_real, tkv, needs_gather, store_out
+    ):
         """Batched paged decode: q/out [N,H,D], block_table [N,K], one tkv for all rows."""
         valid = _decode_mask(left_pads, tkv, block_table.shape[1] * k_cache.shape[1], mask_padding)
         result = _attend(q, _gather(k_cache, block_table), _gather(v_cache, block_table), valid)

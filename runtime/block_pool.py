@@ -58,8 +58,7 @@ class BlockPool:
         from_reservation = min(n, self._reserved.get(owner, 0))
         if n - from_reservation > self.num_free:
             raise PoolExhausted(
-                f"cannot allocate {n} blocks for {owner!r}: {self.num_free} free, "
-                f"{from_reservation} reserved for it"
+                f"cannot allocate {n} blocks for {owner!r}: {self.num_free} free, {from_reservation} reserved for it"
             )
         blocks = [self._free.popleft() for _ in range(n)]
         if from_reservation:

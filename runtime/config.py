@@ -186,15 +186,13 @@ def _validate_kv_buckets(c: RuntimeConfig) -> None:
             raise ConfigError(f"{where}: bucket {b} is not a multiple of block_size={c.block_size}")
         if b > top_allowed:
             raise ConfigError(
-                f"{where}: bucket {b} is above max_model_len={c.max_model_len} "
-                f"(rounded up to a block: {top_allowed})"
+                f"{where}: bucket {b} is above max_model_len={c.max_model_len} (rounded up to a block: {top_allowed})"
             )
     if len(set(buckets)) != len(buckets):
         raise ConfigError(f"{where}: duplicate bucket {sorted(b for b in buckets if buckets.count(b) > 1)[0]}")
     if max(buckets) < c.max_model_len:
         raise ConfigError(
-            f"{where}: top rung {max(buckets)} does not cover max_model_len={c.max_model_len}; "
-            f"add {top_allowed}"
+            f"{where}: top rung {max(buckets)} does not cover max_model_len={c.max_model_len}; add {top_allowed}"
         )
 
 

@@ -148,7 +148,10 @@ class Engine:
     # -- events ----------------------------------------------------------------------------------
     def _emit_dispatch(self, bucket: Bucket, batch: BatchInfo) -> None:
         if self.events:
-            self.events.emit("dispatch", DispatchEvent(bucket.kernel, bucket, batch, self.attention.runners[bucket.kernel].phase, self.steps))
+            self.events.emit(
+                "dispatch",
+                DispatchEvent(bucket.kernel, bucket, batch, self.attention.runners[bucket.kernel].phase, self.steps),
+            )
 
     def _emit_table(
         self, bucket: Bucket, rids: tuple[str, ...], pads: tuple[int, ...], tkv: int, table: tuple[tuple[int, ...], ...]
@@ -156,7 +159,9 @@ class Engine:
         if self.events:
             ids = sorted({b for row in table for b in row})
             owners = tuple((b, self.pool.owner_of(b)) for b in ids)
-            ev = BlockTableEvent(bucket.kernel, bucket, self.steps, rids, pads, tkv, table, owners, self.pool.num_blocks, NULL_BLOCK)
+            ev = BlockTableEvent(
+                bucket.kernel, bucket, self.steps, rids, pads, tkv, table, owners, self.pool.num_blocks, NULL_BLOCK
+            )
             self.events.emit("block_table", ev)
 
     def _emit_writes(self, writes: list[tuple[str, tuple[int, ...]]]) -> None:

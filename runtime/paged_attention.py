@@ -38,7 +38,9 @@ class StagingBuffers:
 
 
 class PagedAttention:
-    def __init__(self, config: RuntimeConfig, bucketer: SpyreAttnBucketer, events: EventBus, mask_padding: bool = True) -> None:
+    def __init__(
+        self, config: RuntimeConfig, bucketer: SpyreAttnBucketer, events: EventBus, mask_padding: bool = True
+    ) -> None:
         self.config = config
         self.cache = KVCache(config)
         self.staging = StagingBuffers(config, bucketer.kv_blocks[-1], bucketer.prefill_tokens[-1])
@@ -86,10 +88,23 @@ class PagedAttention:
         table, q, out = st.block_table[:n, :k], st.q[:n], st.out[:n]
         if fresh:
             table, q, out = table.contiguous().clone(), q.clone(), out.clone()
-        return (q, out, cache.k[layer], cache.v[layer], table, st.left_pads[:n], st.row_real[:n], st.tkv, needs_gather, store_out)
+        return (
+            q,
+            out,
+            cache.k[layer],
+            cache.v[layer],
+            table,
+            st.left_pads[:n],
+            st.row_real[:n],
+            st.tkv,
+            needs_gather,
+            store_out,
+        )
 
     # -- prefill ------------------------------------------------------------------------
-    def prefill(self, layer: int, md: PrefillMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self, layer: int, md: PrefillMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """q/k/v [T,H,D] over the padded positions -> attention output [T,H,D]."""
         st, t = self.staging, q.shape[0]
         st.prefill_q[:t].copy_(q)

@@ -182,4 +182,11 @@ class Scheduler:
     def snapshot(self) -> tuple[object, ...]:
         """Everything a bad request must leave untouched."""
         rows = tuple((r.request_id, r.left_pad, tuple(r.blocks), tuple(r.output)) for r in self.running)
-        return (self.tkv, rows, tuple(r.request_id for r in self.waiting), self.pool.snapshot(), self._next_id, frozenset(self._ids))
+        return (
+            self.tkv,
+            rows,
+            tuple(r.request_id for r in self.waiting),
+            self.pool.snapshot(),
+            self._next_id,
+            frozenset(self._ids),
+        )

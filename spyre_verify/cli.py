@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
 
-from runtime.errors import ConfigError, RequestError
-import importlib
-import pkgutil
-
 import spyre_verify
+from runtime.errors import ConfigError, RequestError
 
 
 class UsageError(Exception):
@@ -40,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.run(args))
-    except (UsageError, ConfigError, RequestError) as e:
+    except (UsageError, ConfigError, RequestError, ValueError) as e:
         print(f"spyre-verify: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `spyre-verify ladders --json | head` is not an error

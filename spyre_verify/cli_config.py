@@ -13,7 +13,9 @@ from runtime.errors import ConfigError
 
 
 def add_config_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:
-    g = p.add_argument_group("runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND)")
+    g = p.add_argument_group(
+        "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND)"
+    )
     g.add_argument("--block-size", default=defaults.get("block_size"), help="tokens per KV block")
     g.add_argument("--max-model-len", default=defaults.get("max_model_len"), help="longest sequence in tokens")
     g.add_argument("--max-num-seqs", default=defaults.get("max_num_seqs"), help="largest batch")

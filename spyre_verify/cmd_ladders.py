@@ -42,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
         return 0
     c = b.config
-    print(f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
-          f"pool={c.total_blocks} blocks ({c.usable_blocks} usable)")
+    print(
+        f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
+        f"pool={c.total_blocks} blocks ({c.usable_blocks} usable)"
+    )
     for name, ladder in b.ladders().items():
         print(f"{name:>15}: {list(ladder)}")
     for k in KERNELS:

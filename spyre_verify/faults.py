@@ -37,8 +37,10 @@ def _own_ladder(c: RuntimeConfig) -> Seams:
 def _sparse_override(c: RuntimeConfig) -> RuntimeConfig:
     if c.kv_buckets is not None:
         return c
+    # A rung three quarters up leaves the short sequences without the small rungs
+    # the builder's private ladder keeps (1, 2, ... blocks): the historical symptom.
     top = c.max_blocks_per_seq
-    rungs = sorted({max(top // 2, 1), top})
+    rungs = sorted({max(1, (3 * top + 3) // 4), top})
     return c.with_(kv_buckets=tuple(r * c.block_size for r in rungs))
 
 
@@ -63,28 +65,64 @@ def _over_pruned(c: RuntimeConfig) -> Seams:
 CATALOG: dict[str, Fault] = {
     f.name: f
     for f in [
-        Fault("builder-own-ladder", "dispatch-coverage",
-              "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
-              _own_ladder, _sparse_override),
-        Fault("lazy-batched-kernel", "dispatch-coverage", "warmup records only the per-sequence kernel (and prefill)",
-              lambda c: Seams(warmup_kernels=(DECODE, PREFILL))),
-        Fault("fresh-tensor-recorder", "graph-reuse",
-              "warmup records on fresh tensors whose strides differ from the staging buffers",
-              lambda c: Seams(warmup_fresh_tensors=True)),
-        Fault("live-block-padding", "padding-validity", "padding points at block 1, which a live request can own",
-              lambda c: Seams(padding_block=1)),
-        Fault("out-of-pool-padding", "padding-validity", "padding points at a block id one past the pool",
-              lambda c: Seams(padding_block=c.total_blocks)),
+        Fault(
+            "builder-own-ladder",
+            "dispatch-coverage",
+            "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
+            _own_ladder,
+            _sparse_override,
+        ),
+        Fault(
+            "lazy-batched-kernel",
+            "dispatch-coverage",
+            "warmup records only the per-sequence kernel (and prefill)",
+            lambda c: Seams(warmup_kernels=(DECODE, PREFILL)),
+        ),
+        Fault(
+            "fresh-tensor-recorder",
+            "graph-reuse",
+            "warmup records on fresh tensors whose strides differ from the staging buffers",
+            lambda c: Seams(warmup_fresh_tensors=True),
+        ),
+        Fault(
+            "live-block-padding",
+            "padding-validity",
+            "padding points at block 1, which a live request can own",
+            lambda c: Seams(padding_block=1),
+        ),
+        Fault(
+            "out-of-pool-padding",
+            "padding-validity",
+            "padding points at a block id one past the pool",
+            lambda c: Seams(padding_block=c.total_blocks),
+        ),
         Fault("unpruned-warmup", "warmup-exactness", "warmup also compiles every unreachable bucket", _unpruned),
-        Fault("over-pruned-warmup", "warmup-exactness", "pruning drops a reachable bucket (the largest batched one)",
-              _over_pruned),
-        Fault("recompile-limit-fallback", "graph-reuse",
-              "recompile_limit=2 is below the bucket count and fullgraph is off, so Dynamo silently runs eager",
-              lambda c: Seams(), lambda c: c.with_(recompile_limit=2, compile_fullgraph=False)),
-        Fault("dynamic-shapes", "graph-reuse", "kernels compiled with dynamic=None: one dynamic graph serves many buckets",
-              lambda c: Seams(), lambda c: c.with_(compile_dynamic=None)),
-        Fault("mask-leak", "output-equivalence", "attention does not mask left padding, so padded positions leak in",
-              lambda c: Seams(mask_padding=False)),
+        Fault(
+            "over-pruned-warmup",
+            "warmup-exactness",
+            "pruning drops a reachable bucket (the largest batched one)",
+            _over_pruned,
+        ),
+        Fault(
+            "recompile-limit-fallback",
+            "graph-reuse",
+            "recompile_limit=2 is below the bucket count and fullgraph is off, so Dynamo silently runs eager",
+            lambda c: Seams(),
+            lambda c: c.with_(recompile_limit=2, compile_fullgraph=False),
+        ),
+        Fault(
+            "dynamic-shapes",
+            "graph-reuse",
+            "kernels compiled with dynamic=None: one dynamic graph serves many buckets",
+            lambda c: Seams(),
+            lambda c: c.with_(compile_dynamic=None),
+        ),
+        Fault(
+            "mask-leak",
+            "output-equivalence",
+            "attention does not mask left padding, so padded positions leak in",
+            lambda c: Seams(mask_padding=False),
+        ),
     ]
 }
 

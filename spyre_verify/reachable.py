@@ -86,10 +86,7 @@ def _successors(
         # with the fewest prompt blocks admits the widest range of max_tokens.
         joins: dict[tuple[int, int], int] = {}
         for p in range(1, L + 1):
-            if rows and p > tkv:
-                t2 = tkv + math.ceil((p - tkv) / bs) * bs
-            else:
-                t2 = tkv if rows else math.ceil(p / bs) * bs
+            t2 = tkv + math.ceil((p - tkv) / bs) * bs if rows and p > tkv else tkv if rows else math.ceil(p / bs) * bs
             key = (t2, (t2 - p) // bs * bs)
             joins[key] = min(joins.get(key, L + 1), math.ceil(p / bs) * bs)
         for (t2, lp), padded in joins.items():

@@ -72,12 +72,20 @@ class WarmupExactness(Checker):
             "recall": hit / len(reach.buckets) if reach.buckets else 1.0,
         }
         for b in missing:
-            self.flag("missing-bucket", f"{b} is reachable but warmup did not compile it: serving would stall on a compile",
-                      kernel=b.kernel, bucket=str(b))
+            self.flag(
+                "missing-bucket",
+                f"{b} is reachable but warmup did not compile it: serving would stall on a compile",
+                kernel=b.kernel,
+                bucket=str(b),
+            )
         if reach.method == "exhaustive":
             for b in extra:
-                self.flag("extra-bucket", f"{b} was compiled by warmup but no batch state can dispatch to it",
-                          kernel=b.kernel, bucket=str(b))
+                self.flag(
+                    "extra-bucket",
+                    f"{b} was compiled by warmup but no batch state can dispatch to it",
+                    kernel=b.kernel,
+                    bucket=str(b),
+                )
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "stats": self.stats}

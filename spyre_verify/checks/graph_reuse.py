@@ -92,8 +92,13 @@ class GraphReuse(Checker):
             self.graphs[ev.bucket] += 1
         else:
             self.serving_compiles.append(ev)
-            self.flag("compile-after-warmup", f"{ev.bucket} compiled a new graph in serving ({ev.seconds:.2f} s): "
-                      "warmup's graph for it was not reused", kernel=ev.kernel, bucket=str(ev.bucket))
+            self.flag(
+                "compile-after-warmup",
+                f"{ev.bucket} compiled a new graph in serving ({ev.seconds:.2f} s): "
+                "warmup's graph for it was not reused",
+                kernel=ev.kernel,
+                bucket=str(ev.bucket),
+            )
 
     def on_call(self, ev: CallEvent) -> None:
         if ev.phase == SERVING and not self.in_control:
@@ -105,8 +110,12 @@ class GraphReuse(Checker):
         self.hits[ev.bucket] += 1
         if ev.graph_bucket != ev.bucket and (ev.bucket, ev.graph_bucket) not in self._foreign:
             self._foreign.add((ev.bucket, ev.graph_bucket))
-            self.flag("foreign-graph", f"{ev.bucket} was served by the graph compiled for {ev.graph_bucket} "
-                      "(a dynamic-shape graph?)", kernel=ev.kernel, bucket=str(ev.bucket))
+            self.flag(
+                "foreign-graph",
+                f"{ev.bucket} was served by the graph compiled for {ev.graph_bucket} (a dynamic-shape graph?)",
+                kernel=ev.kernel,
+                bucket=str(ev.bucket),
+            )
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -121,8 +130,12 @@ class GraphReuse(Checker):
             where = f"{last.bucket} (step {last.step}, batch: {last.batch.describe()})" if last else "unknown bucket"
             first = str(e).splitlines()[0]
             try:
-                self.flag("stance-recompile", f"fail_on_recompile stance caught a recompile while serving {where}: {first}",
-                          kernel=last.kernel if last else None, bucket=str(last.bucket) if last else None)
+                self.flag(
+                    "stance-recompile",
+                    f"fail_on_recompile stance caught a recompile while serving {where}: {first}",
+                    kernel=last.kernel if last else None,
+                    bucket=str(last.bucket) if last else None,
+                )
             finally:
                 if not self.strict:
                     raise InvariantViolation(self.violations[-1:]) from e
@@ -146,21 +159,33 @@ class GraphReuse(Checker):
             self.in_control = False
         for r in self.controls:
             if not r.detected:
-                self.flag("checker-broken", f"control call {r.name} on {r.bucket} went undetected "
-                          f"(backend saw it: {r.seen_by_backend}, stance saw it: {r.seen_by_stance}): "
-                          "this checker cannot be trusted")
+                self.flag(
+                    "checker-broken",
+                    f"control call {r.name} on {r.bucket} went undetected "
+                    f"(backend saw it: {r.seen_by_backend}, stance saw it: {r.seen_by_stance}): "
+                    "this checker cannot be trusted",
+                )
         return self.controls
 
     def finish(self, engine: Any) -> None:
         for bucket, n in sorted(self.graphs.items()):
             if n > 1:
-                self.flag("graphs-per-bucket", f"{bucket} has {n} graphs from warmup; expected exactly one",
-                          kernel=bucket.kernel, bucket=str(bucket))
+                self.flag(
+                    "graphs-per-bucket",
+                    f"{bucket} has {n} graphs from warmup; expected exactly one",
+                    kernel=bucket.kernel,
+                    bucket=str(bucket),
+                )
         for bucket in sorted(self.calls):
             calls, hits = self.calls[bucket], self.hits[bucket]
             if calls != hits:
-                self.flag("eager-fallback", f"{bucket}: {calls} calls but {hits} served by a compiled graph; "
-                          f"{calls - hits} ran eagerly (recompile_limit fallback?)", kernel=bucket.kernel, bucket=str(bucket))
+                self.flag(
+                    "eager-fallback",
+                    f"{bucket}: {calls} calls but {hits} served by a compiled graph; "
+                    f"{calls - hits} ran eagerly (recompile_limit fallback?)",
+                    kernel=bucket.kernel,
+                    bucket=str(bucket),
+                )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -168,6 +193,14 @@ class GraphReuse(Checker):
             "compiles_after_warmup": len(self.serving_compiles),
             "hits": {str(b): n for b, n in sorted(self.hits.items())},
             "calls": {str(b): n for b, n in sorted(self.calls.items())},
-            "controls": [{"name": c.name, "bucket": c.bucket, "backend": c.seen_by_backend, "stance": c.seen_by_stance,
-                          "detected": c.detected} for c in self.controls],
+            "controls": [
+                {
+                    "name": c.name,
+                    "bucket": c.bucket,
+                    "backend": c.seen_by_backend,
+                    "stance": c.seen_by_stance,
+                    "detected": c.detected,
+                }
+                for c in self.controls
+            ],
         }

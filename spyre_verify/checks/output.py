@@ -57,12 +57,20 @@ class OutputEquivalence(Checker):
             self.max_logit_diff = max(self.max_logit_diff, diff)
             bucket = self.step_bucket.get(step, "?")
             if token != want:
-                self.flag("token-mismatch", f"{req.request_id} token {i} is {token}, the reference says {want} "
-                          f"(step {step}, {bucket}, logits differ by {diff:.3g})", bucket=bucket)
+                self.flag(
+                    "token-mismatch",
+                    f"{req.request_id} token {i} is {token}, the reference says {want} "
+                    f"(step {step}, {bucket}, logits differ by {diff:.3g})",
+                    bucket=bucket,
+                )
                 return False
             if diff > self.atol:
-                self.flag("logits-drift", f"{req.request_id} token {i}: logits differ from the reference by {diff:.3g} "
-                          f"> {self.atol} (step {step}, {bucket})", bucket=bucket)
+                self.flag(
+                    "logits-drift",
+                    f"{req.request_id} token {i}: logits differ from the reference by {diff:.3g} "
+                    f"> {self.atol} (step {step}, {bucket})",
+                    bucket=bucket,
+                )
                 return False
         return True
 
@@ -71,4 +79,9 @@ class OutputEquivalence(Checker):
         return self.compared > 0 and not any(v.kind == "token-mismatch" for v in self.violations)
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "compared": self.compared, "max_logit_diff": self.max_logit_diff, "atol": self.atol}
+        return {
+            **super().summary(),
+            "compared": self.compared,
+            "max_logit_diff": self.max_logit_diff,
+            "atol": self.atol,
+        }

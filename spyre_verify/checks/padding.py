@@ -17,7 +17,7 @@ import torch
 
 from runtime.bucketer import PREFILL
 from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent, StepEvent
-from spyre_verify.violations import Checker
+from spyre_verify.violations import Checker, InvariantViolation
 
 
 class PaddingValidity(Checker):
@@ -54,19 +54,34 @@ class PaddingValidity(Checker):
                 real = rid is not None and first <= j <= last
                 self._check_entry(ev, i, j, b, rid, real, owners.get(b), where)
 
-    def _check_entry(self, ev: BlockTableEvent, i: int, j: int, b: int, rid: str | None, real: bool,
-                     owner: str | None, where: dict[str, str]) -> None:
+    def _check_entry(
+        self,
+        ev: BlockTableEvent,
+        i: int,
+        j: int,
+        b: int,
+        rid: str | None,
+        real: bool,
+        owner: str | None,
+        where: dict[str, str],
+    ) -> None:
         row = f"{rid}'s row" if rid else f"padded row {i}"
         if not 0 <= b < ev.num_blocks:
-            self.flag("out-of-pool", f"step {ev.step}: entry {j} of {row} points at block {b}, outside the pool "
-                      f"[0, {ev.num_blocks})", **where)
+            msg = f"step {ev.step}: entry {j} of {row} points at block {b}, outside the pool [0, {ev.num_blocks})"
+            self.flag("out-of-pool", msg, **where)
+            # Never let the kernel make an out-of-bounds access (on CUDA it corrupts memory or
+            # kills the context): stop here even when not strict.
+            raise InvariantViolation(self.violations[-1:])
         elif real and owner != rid:
             self.flag("foreign-block", f"step {ev.step}: entry {j} of {row} is block {b}, owned by {owner}", **where)
         elif not real and b != ev.null_block:
             whose = f"owned by live request {owner}" if owner else "not the null block"
-            self.flag("live-padding" if owner else "bad-padding",
-                      f"step {ev.step}: padded entry {j} of {row} points at block {b}, {whose}; "
-                      f"a padded access would touch {owner or 'it'} instead of block {ev.null_block}", **where)
+            self.flag(
+                "live-padding" if owner else "bad-padding",
+                f"step {ev.step}: padded entry {j} of {row} points at block {b}, {whose}; "
+                f"a padded access would touch {owner or 'it'} instead of block {ev.null_block}",
+                **where,
+            )
 
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
@@ -74,8 +89,10 @@ class PaddingValidity(Checker):
             if b == 0:
                 self.flag("null-write", f"step {ev.step}: {ev.request_id} writes slot {slot} in the null block")
             elif owner != ev.request_id:
-                self.flag("foreign-write",
-                          f"step {ev.step}: {ev.request_id} writes slot {slot} in block {b}, owned by {owner}")
+                self.flag(
+                    "foreign-write",
+                    f"step {ev.step}: {ev.request_id} writes slot {slot} in block {b}, owned by {owner}",
+                )
             if self._integrity_now(ev.step):
                 self._written.setdefault(b, set()).add(slot % self.block_size)
                 if b not in self._copies and 0 <= b < len(self.cache.k[0]):
@@ -99,14 +116,22 @@ class PaddingValidity(Checker):
         after = self.cache.block_digest(still) if still else {}
         for b in still:
             if after[b] != self._before[b]:
-                self.flag("kv-corrupted", f"step {ev.step} ({ev.bucket}): live block {b} of {self.pool.owner_of(b)} "
-                          "changed although nothing was written to it", bucket=str(ev.bucket))
+                self.flag(
+                    "kv-corrupted",
+                    f"step {ev.step} ({ev.bucket}): live block {b} of {self.pool.owner_of(b)} "
+                    "changed although nothing was written to it",
+                    bucket=str(ev.bucket),
+                )
         for b, slots in self._written.items():
             now = [t[b] for t in (*self.cache.k, *self.cache.v)]
             for before, cur in zip(self._copies.get(b, []), now, strict=False):
                 changed = (before != cur).flatten(1).any(dim=1).nonzero().flatten().tolist()
                 stray = sorted(set(changed) - slots)
                 if stray:
-                    self.flag("kv-corrupted", f"step {ev.step} ({ev.bucket}): block {b} changed in slots {stray}, "
-                              f"but the step wrote only {sorted(slots)}", bucket=str(ev.bucket))
+                    self.flag(
+                        "kv-corrupted",
+                        f"step {ev.step} ({ev.bucket}): block {b} changed in slots {stray}, "
+                        f"but the step wrote only {sorted(slots)}",
+                        bucket=str(ev.bucket),
+                    )
                     break

@@ -167,6 +167,8 @@ EMIT_ONLY = [
     (runtime.engine, "BlockTableEvent"),
     (runtime.engine, "KVWriteEvent"),
     (runtime.engine, "TokenEvent"),
+    (runtime.engine, "RequestEvent"),
+    (runtime.engine, "StepEvent"),
     (runtime.compiler, "CallEvent"),
     (runtime.compiler, "GraphHitEvent"),
 ]

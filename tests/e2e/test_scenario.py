@@ -71,11 +71,15 @@ def batched(n: int, kv: int, needs_gather: bool) -> Bucket:
 
 
 def check_step(engine: Engine, log: StepLog, n: int, want: Step) -> None:
+    tkv_before = engine.scheduler.tkv
     result = engine.step()
     where = f"step {n}"
     assert (result.kind, result.bucket, result.finished) == (want.kind, want.bucket, want.finished), where
     ev, table = log.dispatch[n], log.tables[n]
     assert ev.bucket == table.bucket == want.bucket, where
+    # A decode runs at the batch's tkv; a prefill at the (post-shift) tkv it leaves behind,
+    # as no prefill in these scenarios is followed by a strip.
+    assert ev.batch.tkv == table.tkv == (tkv_before if want.kind == "decode" else want.tkv), where
     assert ev.batch.left_pads == table.left_pads == want.left_pads, where
     assert table.block_table == want.table, where
     for rid, row in zip(table.request_ids, table.block_table, strict=False):

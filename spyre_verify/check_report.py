@@ -1,0 +1,84 @@
+"""The `spyre-verify check` report: JSON payload and Markdown summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from spyre_verify.controls import KillRow
+from spyre_verify.report import SCHEMA_VERSION, environment, table
+from spyre_verify.session import RunResult
+
+
+def config_dict(result: RunResult) -> dict[str, Any]:
+    c = result.config
+    d = dataclasses.asdict(c)
+    d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
+    d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
+    return d
+
+
+def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
+    graph = result.checker("graph-reuse").summary()
+    output = result.checker("output-equivalence")
+    verdict_ok = result.ok and (rows is None or all(r.caught for r in rows))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "check",
+        "verdict": "pass" if verdict_ok else "fail",
+        "fault": result.fault,
+        "config": config_dict(result),
+        "environment": environment(result.config.device, result.config.backend),
+        "warmup": {"graphs": result.warmup_graphs, "seconds": round(result.warmup_seconds, 3)},
+        "workload": {
+            "requests": result.requests,
+            "rejected": result.rejected,
+            "steps": result.steps,
+            "serve_seconds": round(result.serve_seconds, 3),
+        },
+        "dispatch": result.dispatch,
+        "compiles_after_warmup": graph["compiles_after_warmup"],
+        "tokens_match_reference": output.tokens_match,
+        "checks": [c.summary() for c in result.checkers],
+        "control_calls": graph["controls"],
+        "controls": [r.to_dict() for r in rows] if rows is not None else None,
+        "error": result.error,
+    }
+
+
+def markdown(p: dict[str, Any]) -> str:
+    lines = [f"# spyre-verify check: {p['verdict'].upper()}", ""]
+    if p["fault"]:
+        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    c, w = p["config"], p["warmup"]
+    lines += [
+        f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
+        f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}",
+        f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
+        f"Tokens match reference: {p['tokens_match_reference']}.",
+        "",
+    ]
+    rows = [
+        [
+            ch["name"],
+            ch["status"],
+            str(len(ch["violations"])),
+            ch["violations"][0]["message"][:120] if ch["violations"] else "",
+        ]
+        for ch in p["checks"]
+    ]
+    lines += ["## Checks", "", table(rows, ["check", "status", "violations", "first violation"]), ""]
+    if p["control_calls"]:
+        rows = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["control_calls"]]
+        lines += ["## Control calls", "", table(rows, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
+    if p["controls"] is not None:
+        rows = [
+            [r["fault"], r["expected_checker"], "yes" if r["caught"] else "NO", r["first_violation"][:100]]
+            for r in p["controls"]
+        ]
+        lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
+    rows = [[b, str(n)] for b, n in p["dispatch"].items()]
+    lines += ["## Dispatch", "", table(rows, ["bucket", "dispatches"]), ""]
+    if p["error"]:
+        lines += [f"Serving stopped early: {p['error']}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""`spyre-verify check`: the main job. Warm up, serve a seeded workload with every
+checker attached, issue the control calls, run the fault catalog, write reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from spyre_verify import faults
+from spyre_verify.check_report import markdown, payload
+from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.controls import kill_table, run_fault
+from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
+from spyre_verify.session import verify
+from spyre_verify.workload import seeded_workload
+
+FAULT_ENV = "SPYRE_VERIFY_FAULT"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+    p = sub.add_parser("check", help="the main job: warm up, serve, check every invariant, run the controls")
+    add_config_flags(p, **CHECK_DEFAULTS)
+    p.add_argument("--requests", type=int, default=CHECK_REQUESTS, help="requests in the seeded workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fault", default=os.environ.get(FAULT_ENV), help=f"run under a seeded fault (or {FAULT_ENV})")
+    p.add_argument("--no-controls", action="store_true", help="skip the fault catalog")
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.set_defaults(run=run)
+
+
+def say(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.fault is not None:
+        faults.get(args.fault)  # a bad name is a usage error before anything runs
+    if args.requests < 1:
+        raise ValueError(f"--requests={args.requests}: must be at least 1")
+    single_thread()
+    work = seeded_workload(config, args.requests, args.seed)
+    rows = None
+    if args.fault:
+        say(f"running under fault {args.fault}: {faults.get(args.fault).description}")
+        result = run_fault(config, args.fault, work, progress=say)
+    else:
+        result = verify(config, workload=work, progress=say)
+        if not args.no_controls:
+            say(f"fault catalog: {len(faults.CATALOG)} faults, each in a fresh compile state")
+            rows = kill_table(config, work, progress=say)
+    p = payload(result, rows)
+    name = f"check-{args.fault}" if args.fault else "check"
+    write_json(args.out / f"{name}.json", p)
+    write_atomic(args.out / f"{name}.md", markdown(p))
+    if args.json:
+        print(json.dumps(p, indent=2))
+    else:
+        print(markdown(p))
+    say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
+    return 0 if p["verdict"] == "pass" else 1

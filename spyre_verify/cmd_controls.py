@@ -1,0 +1,62 @@
+"""`spyre-verify controls`: the kill table. Exit 0 only when the clean run is quiet and
+every fault is caught by the checker the catalog names for it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from spyre_verify import faults
+from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.controls import run_catalog
+from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.report import SCHEMA_VERSION, table
+from spyre_verify.workload import seeded_workload
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+    p = sub.add_parser("controls", help="run the clean config and every seeded fault; print the kill table")
+    add_config_flags(p, **CHECK_DEFAULTS)
+    p.add_argument("--fault", action="append", help="run only this fault (repeatable)")
+    p.add_argument("--requests", type=int, default=CHECK_REQUESTS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    for name in args.fault or []:
+        faults.get(name)
+    single_thread()
+    work = seeded_workload(config, args.requests, args.seed)
+    clean, rows = run_catalog(config, work, args.fault, lambda m: print(f"[spyre-verify] {m}", file=sys.stderr))
+    quiet = clean.ok
+    ok = quiet and all(r.caught for r in rows)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "kind": "controls",
+                    "verdict": "pass" if ok else "fail",
+                    "clean_run_quiet": quiet,
+                    "clean_violations": [str(v) for v in clean.violations],
+                    "faults": [r.to_dict() for r in rows],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"clean run: {'quiet' if quiet else 'NOT QUIET: ' + str(clean.violations[:1] or clean.error)}")
+        print(
+            table(
+                [
+                    [r.fault, r.expected, "yes" if r.caught else "NO", ", ".join(r.caught_by), r.first_violation[:90]]
+                    for r in rows
+                ],
+                ["fault", "expected checker", "caught", "flagged by", "first violation"],
+            )
+        )
+    return 0 if ok else 1

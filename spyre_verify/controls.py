@@ -1,0 +1,80 @@
+"""The kill table: run the clean config, then every fault, each in a fresh compile state."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from runtime.config import RuntimeConfig
+from spyre_verify import faults
+from spyre_verify.session import Progress, RunResult, verify
+from spyre_verify.workload import Arrival
+
+
+@dataclass(frozen=True)
+class KillRow:
+    fault: str
+    expected: str
+    caught: bool  # flagged by the expected checker
+    caught_by: tuple[str, ...]  # every checker that flagged something
+    first_violation: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "fault": self.fault,
+            "expected_checker": self.expected,
+            "caught": self.caught,
+            "caught_by": list(self.caught_by),
+            "first_violation": self.first_violation,
+        }
+
+
+def run_fault(
+    config: RuntimeConfig, name: str, workload: list[Arrival] | None = None, progress: Progress | None = None
+) -> RunResult:
+    fault = faults.get(name)
+    cfg, seams = fault.apply(config)
+    torch._dynamo.reset()
+    dynamo_log = logging.getLogger("torch._dynamo")
+    level = dynamo_log.level
+    dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
+    try:
+        return verify(cfg, seams, workload, fault=name, progress=progress)
+    finally:
+        dynamo_log.setLevel(level)
+
+
+def kill_row(name: str, result: RunResult) -> KillRow:
+    expected = faults.get(name).checker
+    by = tuple(c.name for c in result.checkers if c.violations)
+    first = next((str(v) for c in result.checkers if c.name == expected for v in c.violations), None)
+    first = first or (str(result.violations[0]) if result.violations else result.error or "nothing flagged")
+    return KillRow(name, expected, expected in by, by, first)
+
+
+def kill_table(
+    config: RuntimeConfig,
+    workload: list[Arrival] | None = None,
+    names: list[str] | None = None,
+    progress: Progress | None = None,
+) -> list[KillRow]:
+    rows = []
+    for name in names or list(faults.CATALOG):
+        if progress:
+            progress(f"control: {name}")
+        rows.append(kill_row(name, run_fault(config, name, workload)))
+    return rows
+
+
+def run_catalog(
+    config: RuntimeConfig,
+    workload: list[Arrival] | None = None,
+    names: list[str] | None = None,
+    progress: Progress | None = None,
+) -> tuple[RunResult, list[KillRow]]:
+    """The clean run (which must be quiet), then the kill table."""
+    torch._dynamo.reset()
+    clean = verify(config, workload=workload, progress=progress)
+    return clean, kill_table(config, workload, names, progress)

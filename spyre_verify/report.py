@@ -1,0 +1,65 @@
+"""Reports: written atomically (temp file, fsync, rename), read back with JSON only."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA_VERSION = 1
+DEFAULT_DIR = Path("reports")
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Replace `path` with `text` so a reader sees the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> Path:
+    assert payload.get("schema_version") == SCHEMA_VERSION, "every JSON report carries schema_version"
+    return write_atomic(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ValueError(f"{path}: not a spyre-verify report (no schema_version)")
+    return data
+
+
+def environment(device: str, backend: str) -> dict[str, Any]:
+    name = (
+        torch.cuda.get_device_name(0)
+        if device.startswith("cuda") and torch.cuda.is_available()
+        else platform.processor() or platform.machine()
+    )
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "device_name": name,
+        "backend": backend,
+    }
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """A Markdown table; also readable as plain text on a terminal."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
