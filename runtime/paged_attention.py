@@ -30,6 +30,10 @@ class StagingBuffers:
         self.block_table = torch.zeros(s, max_blocks, dtype=torch.long, device=dev)
         self.left_pads = torch.zeros(s, dtype=torch.long, device=dev)
         self.row_real = torch.zeros(s, dtype=torch.bool, device=dev)
+        # The per-sequence kernel runs once per row on its own one-row buffers.
+        self.seq_q = torch.zeros(1, h, d, dtype=dt, device=dev)
+        self.seq_table = torch.zeros(max_blocks, dtype=torch.long, device=dev)
+        self.seq_left_pad = torch.zeros(1, dtype=torch.long, device=dev)
         self.tkv = torch.zeros(1, dtype=torch.long, device=dev)
         self.prefill_q = torch.zeros(max_tokens, h, d, dtype=dt, device=dev)
         self.prefill_k = torch.zeros_like(self.prefill_q)
@@ -69,20 +73,29 @@ class PagedAttention:
     def decode(self, layer: int, md: DecodeMetadata, q: torch.Tensor) -> torch.Tensor:
         """q [s,H,D] for the real rows -> attention output [s,H,D]."""
         st, s = self.staging, md.num_seqs
-        st.q[:s].copy_(q)
+        run = self.runners[md.bucket.kernel]
         args = self.decode_args(md.bucket, layer)
-        out = self.runners[md.bucket.kernel](md.bucket, *args)
-        return out[:s].clone()
+        if md.bucket.kernel == DECODE:
+            # Batched decode off (or one row): one call per running sequence.
+            rows = []
+            for i in range(s):
+                st.seq_q.copy_(q[i : i + 1])
+                st.seq_table[: len(md.block_table[i])].copy_(torch.tensor(md.block_table[i], dtype=torch.long))
+                st.seq_left_pad.fill_(md.left_pads[i])
+                rows.append(run(md.bucket, *args).clone())
+            return torch.cat(rows)
+        st.q[:s].copy_(q)
+        return run(md.bucket, *args)[:s].clone()
 
     def decode_args(self, bucket: Bucket, layer: int, fresh: bool = False) -> tuple[Any, ...]:
         """The exact argument views a decode bucket is called with (fresh=True: the fault seam)."""
         st, cache = self.staging, self.cache
         if bucket.kernel == DECODE:
             (k,) = bucket.key
-            table, q = st.block_table[0, : int(k)], st.q[:1]
+            table, q = st.seq_table[: int(k)], st.seq_q
             if fresh:
                 table, q = table.clone(), q.clone()
-            return (q, cache.k[layer], cache.v[layer], table, st.left_pads[:1], st.tkv)
+            return (q, cache.k[layer], cache.v[layer], table, st.seq_left_pad, st.tkv)
         n, k, needs_gather, store_out = bucket.key
         n, k = int(n), int(k)
         table, q, out = st.block_table[:n, :k], st.q[:n], st.out[:n]

@@ -1,1 +1,194 @@
-"""The spyre-verify pytest plugin (registered through the pytest11 entry point)."""
+"""The spyre-verify pytest plugin: shard options, runtime fixtures and markers.
+
+Registered through the `pytest11` entry point, so a runtime team's own suite gets
+`spyre_engine` (every always-on checker attached, strict), `graph_audit` and
+`dispatch_log` by installing the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from runtime.config import RuntimeConfig
+    from runtime.engine import Engine
+    from spyre_verify.session import DispatchLog
+
+# torch and the runtime are imported inside the hooks and fixtures that need them, so
+# collecting a suite (or running one shard of it) does not pay for importing torch.
+STANCE_MARK = "fail_on_recompile"
+
+MARKERS = {
+    "inductor": "compiles with inductor (about 5 s a graph on CPU)",
+    "device": "needs a CUDA device; skipped with the reason when there is none",
+    "hunt": "property-based ladder divergence hunt",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("spyre-verify", "attention bucketing verification")
+    g.addoption("--attn-shards", type=int, default=1, help="split the collected tests into N disjoint shards")
+    g.addoption("--attn-shard-id", type=int, default=0, help="which shard (0..N-1) this run executes")
+    g.addoption("--spyre-backend", default="eager", help="Dynamo backend of the spyre_* fixtures")
+    g.addoption("--spyre-device", default="cpu", help="device of the spyre_* fixtures (cpu, cuda)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+    n, k = config.getoption("attn_shards"), config.getoption("attn_shard_id")
+    if n < 1 or not 0 <= k < n:
+        raise pytest.UsageError(f"--attn-shards={n} --attn-shard-id={k}: need N >= 1 and 0 <= K < N")
+
+
+def stable_id(item: pytest.Item) -> str:
+    """The node id without the `@group` suffix `--dist loadgroup` adds on workers."""
+    groups = sorted(
+        str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
+    )
+    suffix = "@" + "_".join(groups)
+    return item.nodeid[: -len(suffix)] if groups and item.nodeid.endswith(suffix) else item.nodeid
+
+
+def shard_of(node_id: str, shards: int) -> int:
+    return int.from_bytes(hashlib.sha256(node_id.encode()).digest()[:8], "big") % shards
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    n, k = config.getoption("attn_shards"), config.getoption("attn_shard_id")
+    if n == 1:
+        return
+    keep = [it for it in items if shard_of(stable_id(it), n) == k]
+    drop = [it for it in items if shard_of(stable_id(it), n) != k]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+    config.stash[_SHARD_KEY] = (k, n, len(keep), len(keep) + len(drop))
+
+
+_SHARD_KEY = pytest.StashKey[tuple[int, int, int, int]]()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    if _SHARD_KEY not in config.stash:
+        return None
+    k, n, mine, total = config.stash[_SHARD_KEY]
+    return f"attn shard {k}/{n}: this shard runs {mine} of {total} tests"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    line = pytest_report_collectionfinish(config)
+    if line:
+        terminalreporter.write_line(line)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("device") and not _cuda_available():
+        pytest.skip("needs CUDA: torch.cuda.is_available() is False on this machine")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# -- fixtures -------------------------------------------------------------------------------
+@pytest.fixture
+def spyre_config(request: pytest.FixtureRequest) -> RuntimeConfig:
+    """A small config (block 4, 16 tokens, 4 seqs) on the chosen backend and device."""
+    from runtime.config import RuntimeConfig
+
+    return RuntimeConfig(
+        block_size=4,
+        max_model_len=16,
+        max_num_seqs=4,
+        backend=request.config.getoption("spyre_backend"),
+        device=request.config.getoption("spyre_device"),
+    )
+
+
+@pytest.fixture
+def spyre_engine(spyre_config: RuntimeConfig) -> Iterator[Engine]:
+    """A warmed engine with every always-on checker attached in strict mode."""
+    from runtime.engine import Engine
+    from spyre_verify.session import always_on
+
+    engine = Engine(spyre_config)
+    checkers = always_on(strict=True)
+    for c in checkers:
+        c.attach(engine)
+    engine.warmup()
+    yield engine
+    for c in checkers:
+        c.finish(engine)
+
+
+@pytest.fixture
+def dispatch_log(spyre_engine: Engine) -> DispatchLog:
+    """Every dispatch `spyre_engine` makes, in order."""
+    from spyre_verify.session import DispatchLog
+
+    log = DispatchLog()
+    spyre_engine.subscribe(log)
+    return log
+
+
+class _Compiles:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_compile(self, ev: Any) -> None:
+        self.events.append(ev)
+
+
+def _control_detected() -> bool:
+    """The audit's own control: a fresh shape under the stance must be refused."""
+    import torch
+
+    from spyre_verify.checks.graph_reuse import is_stance_error
+
+    fn = torch.compile(lambda x: x + 1, backend="eager", dynamic=False)
+    fn(torch.zeros(2))
+    try:
+        with torch.compiler.set_stance(STANCE_MARK):
+            fn(torch.zeros(3))
+    except RuntimeError as e:
+        return is_stance_error(e)
+    return False
+
+
+@pytest.fixture
+def graph_audit() -> Callable[..., AbstractContextManager[None]]:
+    """`with graph_audit(engine):` fails the test on any compile inside the block."""
+
+    import torch
+
+    from spyre_verify.checks.graph_reuse import is_stance_error
+
+    @contextmanager
+    def audit(engine: Engine | None = None) -> Iterator[None]:
+        if not _control_detected():
+            pytest.fail("graph_audit is broken: its control recompile was not detected")
+        seen = _Compiles()
+        detach = engine.subscribe(seen) if engine is not None else None
+        try:
+            with torch.compiler.set_stance(STANCE_MARK):
+                yield
+        except RuntimeError as e:
+            if is_stance_error(e):
+                pytest.fail(f"graph_audit: a graph compiled inside the audited block: {str(e).splitlines()[0]}")
+            raise
+        finally:
+            if detach:
+                detach()
+        if seen.events:
+            pytest.fail(f"graph_audit: {len(seen.events)} compiles inside the audited block: {seen.events[0].bucket}")
+
+    return audit

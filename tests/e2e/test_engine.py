@@ -104,7 +104,6 @@ def assert_drained(engine: Engine) -> None:
 
 # PagedAttention.decode runs the per-sequence kernel once, on row 0 only, whatever
 # the number of running rows: with batched decode off, two rows crash the model.
-PER_SEQ_BUG = pytest.mark.xfail(raises=RuntimeError, strict=True, reason="per-sequence decode of >= 2 rows")
 
 CONFIGS = [
     pytest.param(SMALL, 0, id="default"),
@@ -114,8 +113,8 @@ CONFIGS = [
     pytest.param(SMALL.with_(num_blocks=10), 4, id="tight-pool"),
     pytest.param(SMALL.with_(max_num_seqs=2, max_model_len=16), 5, id="two-seqs"),
     pytest.param(SMALL.with_(max_num_seqs=1, max_model_len=16), 6, id="one-seq"),
-    pytest.param(SMALL.with_(batched_decode=False, max_model_len=16), 7, id="no-batched", marks=PER_SEQ_BUG),
-    pytest.param(SMALL.with_(min_batched_seqs=3), 8, id="min-batched-3", marks=PER_SEQ_BUG),
+    pytest.param(SMALL.with_(batched_decode=False, max_model_len=16), 7, id="no-batched"),
+    pytest.param(SMALL.with_(min_batched_seqs=3), 8, id="min-batched-3"),
 ]
 
 

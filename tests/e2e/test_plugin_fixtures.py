@@ -1,0 +1,59 @@
+"""The plugin's fixtures used the way a runtime team's own suite would use them."""
+
+import pytest
+
+from runtime.reference import generate
+
+
+def test_serving_reuses_warm_graphs(spyre_engine, dispatch_log, graph_audit) -> None:
+    prompts = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5, 8, 9, 7], [2]]
+    with graph_audit(spyre_engine):
+        ids = [spyre_engine.add_request(p, 4) for p in prompts]
+        out = spyre_engine.run_until_done()
+    assert [out[i] for i in ids] == [list(generate(spyre_engine.model, p, 4).tokens) for p in prompts]
+    kernels = {e.kernel for e in dispatch_log.events}
+    assert {"prefill", "batched"} <= kernels
+    assert all(e.bucket in spyre_engine.recorder.warm_set for e in dispatch_log.events)
+
+
+def test_spyre_config_follows_the_command_line(spyre_config, pytestconfig) -> None:
+    assert spyre_config.backend == pytestconfig.getoption("spyre_backend")
+    assert spyre_config.device == pytestconfig.getoption("spyre_device")
+
+
+INNER_COMPILES = """
+import torch
+
+def test_compiles_inside_the_audit(graph_audit):
+    fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    with graph_audit():
+        fn(torch.ones(3))
+"""
+
+
+def test_graph_audit_fails_a_test_that_compiles(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER_COMPILES)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "a graph compiled inside the audited block" in result.stdout.str()
+
+
+INNER_DEVICE = """
+import pytest
+
+@pytest.mark.device
+def test_needs_cuda():
+    assert True
+"""
+
+
+def test_device_marker_skips_with_reason_without_cuda(pytester: pytest.Pytester) -> None:
+    import torch
+
+    pytester.makepyfile(test_inner=INNER_DEVICE)
+    result = pytester.runpytest("-rs", "-p", "no:cacheprovider")
+    if torch.cuda.is_available():
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(skipped=1)
+        assert "needs CUDA" in result.stdout.str()
