@@ -6,7 +6,6 @@ environment straight into a reproducer.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -20,6 +19,14 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 ENV_KV_BUCKETS = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED_DECODE = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
+# Ladders and bucket enumeration grow linearly with the blocks of one sequence; this is far
+# above any real config (2048 at 131072 tokens of 64) and keeps `spyre-verify ladders` instant.
+MAX_BLOCKS_PER_SEQ = 8192
+# Token counts, block counts and batch sizes: 18 digits is past any real value, and far
+# below int()'s 4300-digit limit.
+MAX_DIGITS = 18
+MAX_NUM_SEQS = 4096
+MAX_NUM_BLOCKS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,8 @@ class RuntimeConfig:
 
     @property
     def max_blocks_per_seq(self) -> int:
-        return math.ceil(self.max_model_len / self.block_size)
+        # Integer ceiling: float division overflows on a huge (then rejected) max_model_len.
+        return -(-self.max_model_len // self.block_size)
 
     @property
     def total_blocks(self) -> int:
@@ -108,12 +116,14 @@ def parse_kv_buckets(text: str, name: str = ENV_KV_BUCKETS) -> tuple[int, ...]:
     if not text.strip() or any(p == "" for p in parts):
         raise ConfigError(f"{name}={text!r}: empty bucket; give comma-separated token lengths like '64,128,2048'")
     for p in parts:
-        if not _DIGITS.fullmatch(p.lstrip("-")):
+        if not _INTEGER.fullmatch(p):
             raise ConfigError(f"{name}={text!r}: bucket {p!r} is not an integer; give token lengths like '64,128'")
+        if len(p.lstrip("-")) > MAX_DIGITS:
+            raise ConfigError(f"{name}: bucket {p[:24]!r}... has more than {MAX_DIGITS} digits")
     return tuple(int(p) for p in parts)
 
 
-_DIGITS = re.compile(r"[0-9]+")
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def parse_flag(text: str, name: str) -> bool:
@@ -139,7 +149,16 @@ def validate(c: RuntimeConfig) -> None:
     if bs & (bs - 1):
         raise ConfigError(f"block_size={bs}: must be a power of two (1, 2, 4, ... 64)")
     _positive_int("max_model_len", c.max_model_len)
+    if c.max_blocks_per_seq > MAX_BLOCKS_PER_SEQ:
+        raise ConfigError(
+            f"max_model_len={c.max_model_len}: needs {c.max_blocks_per_seq} blocks of block_size={bs} per sequence, "
+            f"above the supported {MAX_BLOCKS_PER_SEQ}; raise block_size or lower max_model_len"
+        )
     _positive_int("max_num_seqs", c.max_num_seqs)
+    # Staging buffers and the KV pool are allocated up front: refuse sizes no host can hold
+    # with a clear message instead of an out-of-memory kill.
+    if c.max_num_seqs > MAX_NUM_SEQS:
+        raise ConfigError(f"max_num_seqs={c.max_num_seqs}: above the supported {MAX_NUM_SEQS}")
     if isinstance(c.min_batched_seqs, bool) or not isinstance(c.min_batched_seqs, int) or c.min_batched_seqs < 2:
         raise ConfigError(f"min_batched_seqs={c.min_batched_seqs!r}: must be an integer >= 2")
     if not isinstance(c.batched_decode, bool):
@@ -198,6 +217,8 @@ def _validate_kv_buckets(c: RuntimeConfig) -> None:
 
 def _validate_pool(c: RuntimeConfig) -> None:
     n = _positive_int("num_blocks", c.num_blocks)
+    if n > MAX_NUM_BLOCKS:
+        raise ConfigError(f"num_blocks={n}: above the supported {MAX_NUM_BLOCKS}")
     need = c.max_blocks_per_seq + 1
     if n < need:
         raise ConfigError(

@@ -17,10 +17,10 @@ class KVCache:
     def __init__(self, config: RuntimeConfig) -> None:
         m = config.model
         shape = (config.total_blocks, config.block_size, m.num_heads, m.head_dim)
-        kw = {"dtype": torch_dtype(config.dtype), "device": config.device}
+        dtype, dev = torch_dtype(config.dtype), config.device
         self.block_size = config.block_size
-        self.k = [torch.zeros(shape, **kw) for _ in range(m.num_layers)]  # type: ignore[arg-type]
-        self.v = [torch.zeros(shape, **kw) for _ in range(m.num_layers)]  # type: ignore[arg-type]
+        self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write one K/V row per slot; slots are only ever given to real tokens."""

@@ -63,7 +63,7 @@ class Scheduler:
         """Check a request without touching any state; raise RequestError naming the fault."""
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
             raise RequestError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
-        tokens = list(prompt)  # type: ignore[call-overload]
+        tokens = list(prompt)
         if not tokens:
             raise RequestError("prompt_token_ids is empty; give at least one token")
         vocab = self.config.model.vocab_size

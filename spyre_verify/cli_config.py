@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.config import BACKENDS, RuntimeConfig
+from runtime.config import BACKENDS, MAX_DIGITS, RuntimeConfig
 from runtime.errors import ConfigError
 
 
@@ -31,6 +31,8 @@ def _int_flag(name: str, value: object) -> int | None:
     text = str(value).strip()
     if not re.fullmatch(r"-?[0-9]+", text):
         raise ConfigError(f"--{name}={value!r}: must be an integer")
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ConfigError(f"--{name}={text[:24]}...: must be an integer of at most {MAX_DIGITS} digits")
     return int(text)
 
 

@@ -21,7 +21,7 @@ from spyre_verify.workload import seeded_workload
 FAULT_ENV = "SPYRE_VERIFY_FAULT"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="the main job: warm up, serve, check every invariant, run the controls")
     add_config_flags(p, **CHECK_DEFAULTS)
     p.add_argument("--requests", type=int, default=CHECK_REQUESTS, help="requests in the seeded workload")

@@ -15,7 +15,7 @@ from spyre_verify.report import SCHEMA_VERSION, table
 from spyre_verify.workload import seeded_workload
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("controls", help="run the clean config and every seeded fault; print the kill table")
     add_config_flags(p, **CHECK_DEFAULTS)
     p.add_argument("--fault", action="append", help="run only this fault (repeatable)")

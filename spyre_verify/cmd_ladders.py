@@ -9,7 +9,7 @@ from runtime.bucketer import KERNELS, SpyreAttnBucketer
 from spyre_verify.cli_config import add_config_flags, config_from_args
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # argparse keeps this private
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ladders", help="print ladders and enumerated buckets for a config")
     add_config_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

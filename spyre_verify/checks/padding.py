@@ -65,7 +65,8 @@ class PaddingValidity(Checker):
         owner: str | None,
         where: dict[str, str],
     ) -> None:
-        row = f"{rid}'s row" if rid else f"padded row {i}"
+        # A padded row belongs to no request; name the batch whose kernel call reads it.
+        row = f"{rid}'s row" if rid else f"padded row {i} of the batch {', '.join(ev.request_ids)}"
         if not 0 <= b < ev.num_blocks:
             msg = f"step {ev.step}: entry {j} of {row} points at block {b}, outside the pool [0, {ev.num_blocks})"
             self.flag("out-of-pool", msg, **where)

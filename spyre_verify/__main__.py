@@ -1,0 +1,7 @@
+"""`python -m spyre_verify` is the `spyre-verify` command."""
+
+import sys
+
+from spyre_verify.cli import main
+
+sys.exit(main())
