@@ -1,0 +1,110 @@
+"""Audit heatmaps: one PNG per decode kernel, drawn from the JSON payload alone.
+
+Per-sequence decode is one row of KV-block rungs; batched decode is num_seqs by KV
+blocks, one panel per dispatchable flag pair. matplotlib is the optional `plot`
+extra: it is imported here, lazily, through the Agg canvas (no pyplot, no display).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from runtime.bucketer import BATCHED, DECODE
+from spyre_verify.audit_verdict import HIT, MISSED, NEVER_HIT, PRUNED
+
+CATEGORIES = (HIT, NEVER_HIT, PRUNED, MISSED)
+COLOURS = {HIT: "#4caf50", NEVER_HIT: "#ffb300", PRUNED: "#d9d9d9", MISSED: "#e53935"}
+LABELS = {HIT: "warmed and hit", NEVER_HIT: "warmed, never hit", PRUNED: "pruned", MISSED: "missed"}
+# The only two flag pairs dispatch produces: store_out is exactly not needs_gather.
+BATCHED_PANELS = ((False, True, "every row real (store_out)"), (True, False, "padded rows (needs_gather)"))
+
+Panel = tuple[str, list[str], list[list[tuple[str, str]]]]  # title, row labels, cells (category, text)
+
+
+def _cell(rows: dict[tuple[Any, ...], dict[str, Any]], key: tuple[Any, ...]) -> tuple[str, str]:
+    r = rows.get(key)
+    if r is None:
+        return PRUNED, "pruned"
+    late = r["compile_seconds_after_warmup"]
+    secs = (
+        f"{r['compile_seconds']:.2f} s"
+        if r["compile_seconds"] is not None
+        else f"{late:.2f} s late"
+        if late
+        else "no graph"
+    )
+    note = f"{r['own_hits']} hits" if r["status"] in ("hit", "extra") else r["status"]
+    return r["category"], f"{secs}\n{note}"
+
+
+def panels(p: dict[str, Any], kernel: str) -> list[Panel]:
+    """The grid(s) of one decode kernel; empty when its ladder has no rung."""
+    kv, seqs = p["ladders"]["kv_blocks"], p["ladders"]["num_seqs"]
+    rows = {tuple(b["key"]): b for b in p["buckets"] if b["kernel"] == kernel}
+    if kernel == DECODE:
+        return [("per-sequence decode", ["per-seq"], [[_cell(rows, (k,)) for k in kv]])] if kv else []
+    if not kv or not seqs:
+        return []
+    return [
+        (title, [f"{n} seqs" for n in seqs], [[_cell(rows, (n, k, ng, so)) for k in kv] for n in seqs])
+        for ng, so, title in BATCHED_PANELS
+    ]
+
+
+def draw(p: dict[str, Any], kernel: str, path: Path) -> Path | None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    grids = panels(p, kernel)
+    if not grids:
+        return None
+    kv = p["ladders"]["kv_blocks"]
+    height = len(grids[0][1])
+    fig = Figure(figsize=(max(4.0, 1.3 * len(kv) + 1.5) * len(grids), 1.0 * height + 2.4))
+    FigureCanvasAgg(fig)
+    cmap = ListedColormap([COLOURS[c] for c in CATEGORIES])
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, (title, ylabels, cells) in zip(axes, grids, strict=True):
+        codes = [[CATEGORIES.index(cat) for cat, _ in row] for row in cells]
+        ax.imshow(codes, cmap=cmap, vmin=-0.5, vmax=len(CATEGORIES) - 0.5, aspect="auto")
+        for y, row in enumerate(cells):
+            for x, (_, text) in enumerate(row):
+                ax.text(x, y, text, ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(kv)), [str(k) for k in kv])
+        ax.set_yticks(range(len(ylabels)), ylabels)
+        # White lines between cells, so neighbours of one colour still read as separate buckets.
+        ax.set_xticks([x - 0.5 for x in range(len(kv) + 1)], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(len(ylabels) + 1)], minor=True)
+        ax.grid(which="minor", color="white", linewidth=2)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("KV blocks (rung)")
+        ax.set_title(title, fontsize=10)
+    c, e = p["config"], p["environment"]
+    fig.suptitle(
+        f"{kernel} kernel: audit {p['verdict'].upper()}{' under ' + p['fault'] if p['fault'] else ''}\n"
+        f"bs={c['block_size']} L={c['max_model_len']} seqs={c['max_num_seqs']} pool={c['total_blocks']}, "
+        f"{e['backend']} on {e['device']}",
+        fontsize=10,
+    )
+    handles = [Patch(color=COLOURS[c], label=LABELS[c]) for c in CATEGORIES]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")  # atomic like every report: a reader never sees half a PNG
+    fig.savefig(tmp, dpi=110, format="png")
+    os.replace(tmp, path)
+    return path
+
+
+def write_heatmaps(p: dict[str, Any], out: Path, stem: str) -> list[Path] | None:
+    """One PNG per decode kernel; None when matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: F401  # the optional `plot` extra
+    except ImportError:
+        return None
+    written = [draw(p, kernel, out / f"{stem}-{kernel}.png") for kernel in (DECODE, BATCHED)]
+    return [w for w in written if w is not None]

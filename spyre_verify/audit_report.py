@@ -1,0 +1,162 @@
+"""The `spyre-verify audit` report: JSON payload and Markdown summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from spyre_verify.audit import AuditResult
+from spyre_verify.audit_verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
+from spyre_verify.report import SCHEMA_VERSION, environment, table
+
+MAX_LISTED = 20  # failures shown in the Markdown; the JSON keeps them all
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def bucket_row(r: Row) -> dict[str, Any]:
+    st = r.stats
+    return {
+        "kernel": r.bucket.kernel,
+        "key": list(r.bucket.key),
+        "bucket": str(r.bucket),
+        "reachable": r.reachable,
+        "warmed": r.warmed,
+        "compile_seconds": _round(st.compile_seconds),
+        "dispatches": st.dispatches,
+        "calls": st.calls,
+        "hits": st.hits,
+        "own_hits": st.own_hits,
+        "foreign_hits": st.foreign_hits,
+        "compiles_after_warmup": len(st.late_compiles),
+        "compile_seconds_after_warmup": _round(sum(s for _, s in st.late_compiles)),
+        "preflight": st.preflight,
+        "replay_median_us": _round(st.replay_median_us, 1),
+        "replay_error": st.replay_error,
+        "status": r.status,
+        "category": r.category,
+        "problem": r.problem,
+    }
+
+
+def _totals(table_rows: list[Row], result: AuditResult) -> dict[str, Any]:
+    medians = [r.stats.replay_median_us for r in table_rows if r.stats.replay_median_us is not None]
+    return {
+        "buckets": len(table_rows),
+        "reachable": sum(r.reachable for r in table_rows),
+        "warmed": sum(r.warmed for r in table_rows),
+        "hit": sum(r.category == HIT for r in table_rows),
+        "pruned": len(result.pruned),
+        "warmup_compile_seconds": _round(sum(r.stats.compile_seconds or 0.0 for r in table_rows)),
+        "compiles_after_warmup": sum(len(r.stats.late_compiles) for r in table_rows),
+        "calls": sum(r.stats.calls for r in table_rows),
+        "graph_hits": sum(r.stats.hits for r in table_rows),
+        "eager_calls": sum(r.stats.calls - r.stats.hits for r in table_rows),
+        "replay_median_us": _round(statistics.median(medians), 1) if medians else None,
+    }
+
+
+def payload(result: AuditResult) -> dict[str, Any]:
+    c, t = result.config, result.traffic
+    table_rows = rows(result)
+    config = dataclasses.asdict(c)
+    config.update(kv_buckets=list(c.kv_buckets) if c.kv_buckets else None, total_blocks=c.total_blocks)
+    config["env_overrides"] = c.env_overrides()
+    ladders: dict[str, list[int]] = {"kv_blocks": [], "num_seqs": [], "prefill_tokens": []}
+    ladders.update({k: list(v) for k, v in result.ladders.items()})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "audit",
+        "verdict": "pass" if verdict(result, table_rows) else "fail",
+        "fault": result.fault,
+        "config": config,
+        "environment": environment(c.device, c.backend),
+        "ladders": ladders,
+        "conditions": conditions(result, table_rows),
+        "failures": failures(result, table_rows),
+        "buckets": [bucket_row(r) for r in table_rows],
+        "pruned": [{"kernel": p.bucket.kernel, "key": list(p.bucket.key), "reason": p.reason} for p in result.pruned],
+        "controls": [
+            {
+                "name": x.name,
+                "bucket": x.bucket,
+                "backend": x.seen_by_backend,
+                "stance": x.seen_by_stance,
+                "detected": x.detected,
+            }
+            for x in result.controls
+        ],
+        "controls_error": result.controls_error,
+        "traffic": {
+            "scenarios_planned": len(result.plan.scenarios),
+            "scenarios_run": t.scenarios,
+            "steps": t.steps,
+            "unplanned": [{"bucket": str(b), "reason": why} for b, why in result.plan.unplanned],
+            "plan_misses": t.plan_misses,
+            "crash": t.crash,
+            "not_run": t.not_run,
+        },
+        "replays": result.replays,
+        "totals": _totals(table_rows, result),
+        "seconds": {k: round(v, 3) for k, v in result.seconds.items()},
+        "heatmaps": [],
+    }
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    return "-" if x is None else f"{x:g} {unit}"
+
+
+def markdown(p: dict[str, Any]) -> str:
+    c, e, tot = p["config"], p["environment"], p["totals"]
+    lines = [f"# spyre-verify audit: {p['verdict'].upper()}", ""]
+    if p["fault"]:
+        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    lines += [
+        f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
+        f"pool={c['total_blocks']} batched_decode={c['batched_decode']}",
+        f"Environment: torch {e['torch']}, {e['device']} ({e['device_name']}), backend {e['backend']}",
+        f"Buckets: {tot['reachable']} reachable, {tot['warmed']} warmed in {tot['warmup_compile_seconds']} s, "
+        f"{tot['hit']} hit by their warm graph, {tot['pruned']} pruned. Compiles after warmup: "
+        f"{tot['compiles_after_warmup']}. Calls {tot['calls']}, graph hits {tot['graph_hits']}. "
+        f"Median replay: {_fmt(tot['replay_median_us'], 'us')} over {p['replays']} calls a bucket.",
+        "",
+        "## Verdict",
+        "",
+        table([[k, "yes" if v else "NO"] for k, v in p["conditions"].items()], ["condition", "holds"]),
+        "",
+    ]
+    if p["failures"]:
+        shown = p["failures"][:MAX_LISTED]
+        more = len(p["failures"]) - len(shown)
+        lines += ["## Failures", "", *[f"- {f}" for f in shown], *([f"- ... and {more} more"] if more else []), ""]
+    body = [
+        [
+            b["bucket"],
+            b["status"],
+            _fmt(b["compile_seconds"], "s"),
+            f"{b['own_hits']}/{b['calls']}",
+            str(b["compiles_after_warmup"]),
+            b["preflight"] or "-",
+            _fmt(b["replay_median_us"], "us"),
+        ]
+        for b in p["buckets"]
+        if b["category"] != PRUNED or b["dispatches"]
+    ]
+    header = ["bucket", "status", "compile", "warm hits/calls", "late compiles", "preflight", "replay median"]
+    lines += ["## Buckets", "", table(body, header), ""]
+    if p["controls"]:
+        body = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["controls"]]
+        lines += ["## Control calls", "", table(body, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
+    t = p["traffic"]
+    lines += [
+        f"Traffic: {t['scenarios_run']}/{t['scenarios_planned']} scenarios, {t['steps']} engine steps. "
+        f"Stage seconds: {', '.join(f'{k} {v}' for k, v in p['seconds'].items())}.",
+        "",
+    ]
+    if p["heatmaps"]:
+        lines += ["Heatmaps: " + ", ".join(p["heatmaps"]), ""]
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""The audit's judgement: one status per bucket, the verdict's conditions, and the
+failures, each a sentence that names the bucket (or the control) it is about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.bucketer import Bucket
+from spyre_verify.audit import AuditResult, BucketStats
+
+# Heatmap categories: how a bucket's cell is coloured.
+HIT, NEVER_HIT, PRUNED, MISSED = "warmed-and-hit", "warmed-never-hit", "pruned", "missed"
+PASSING = ("hit", "extra")
+
+
+@dataclass(frozen=True)
+class Row:
+    bucket: Bucket
+    reachable: bool
+    stats: BucketStats
+    status: str  # hit, extra, missed, recompiled, foreign-graph, eager-fallback, never-hit, unwarmed-dispatch
+    problem: str  # one sentence; empty when the status passes
+
+    @property
+    def warmed(self) -> bool:
+        return self.stats.compile_seconds is not None
+
+    @property
+    def category(self) -> str:
+        if self.stats.own_hits:
+            return HIT
+        if self.warmed:
+            return NEVER_HIT
+        return MISSED if self.reachable or self.stats.dispatches else PRUNED
+
+
+def _names(st: BucketStats) -> str:
+    return ", ".join(str(b) for b in sorted(st.foreign_from))
+
+
+def _served_how(st: BucketStats) -> str:
+    if st.late_compiles:
+        refused = ", and the fail_on_recompile stance refused its preflight call" if st.preflight == "recompile" else ""
+        return f"serving compiled it ({sum(s for _, s in st.late_compiles):.2f} s){refused}"
+    if st.foreign_hits:
+        return f"the graph compiled for {_names(st)} served it (dynamic shapes?)"
+    if st.calls > st.hits or st.preflight == "eager":
+        return "it ran eagerly (recompile_limit fallback?)"
+    return "the traffic never reached it" if not st.calls else "it was served"
+
+
+def judge(bucket: Bucket, st: BucketStats, reachable: bool) -> tuple[str, str]:
+    """(status, problem) of one bucket; the first failing rule wins."""
+    warmed = st.compile_seconds is not None
+    if not warmed and not reachable:
+        return "unwarmed-dispatch", (
+            f"traffic dispatched here ({st.dispatches} steps), but it is not in the bucketer's warm set and warmup "
+            f"compiled no graph (builder and bucketer disagree?); {_served_how(st)}"
+        )
+    if not warmed:
+        return "missed", f"reachable, but warmup compiled no graph for it; {_served_how(st)}"
+    if st.late_compiles:
+        where = sorted({stage for stage, _ in st.late_compiles})
+        secs = sum(s for _, s in st.late_compiles)
+        return "recompiled", (
+            f"compiled {len(st.late_compiles)} graph(s) after warmup ({', '.join(where)}, {secs:.2f} s): "
+            "warmup's graph was not reused"
+        )
+    if st.preflight == "recompile":
+        return (
+            "recompiled",
+            "the fail_on_recompile stance refused its staging-buffer call: warmup's graph does not match",
+        )
+    if st.foreign_hits:
+        return (
+            "foreign-graph",
+            f"{st.foreign_hits} calls were served by the graph compiled for {_names(st)} (dynamic shapes?)",
+        )
+    if st.calls > st.hits or st.preflight == "eager":
+        return (
+            "eager-fallback",
+            f"{st.calls} calls but {st.hits} graph hits: the rest ran eagerly (recompile_limit fallback?)",
+        )
+    if reachable and not st.own_hits:
+        return "never-hit", "reachable and warmed, but no traffic call was served by its graph"
+    return ("hit", "") if reachable else ("extra", "")
+
+
+def rows(result: AuditResult) -> list[Row]:
+    """Every bucket that is reachable, was warmed, or saw traffic; controls are not buckets."""
+    out = []
+    for b in sorted(result.reachable | set(result.stats)):
+        st = result.stats.get(b, BucketStats())
+        status, problem = judge(b, st, b in result.reachable)
+        out.append(Row(b, b in result.reachable, st, status, problem))
+    return out
+
+
+def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
+    """The verdict's conditions; the audit passes only when every one holds."""
+    controls = result.controls
+    return {
+        "zero_compiles_after_warmup": all(
+            not r.stats.late_compiles and r.stats.preflight != "recompile" for r in table
+        ),
+        "every_reachable_bucket_hit": all(r.stats.own_hits and not r.stats.foreign_hits for r in table if r.reachable),
+        "calls_equal_graph_hits": all(r.stats.calls == r.stats.hits and r.stats.preflight != "eager" for r in table),
+        "controls_detected": len(controls) >= 2 and all(c.detected for c in controls) and not result.controls_error,
+        "traffic_completed": result.traffic.crash is None,
+    }
+
+
+def failures(result: AuditResult, table: list[Row]) -> list[str]:
+    out = [f"{r.bucket}: {r.status}: {r.problem}" for r in table if r.status not in PASSING]
+    out += [f"{r.bucket}: replay failed: {r.stats.replay_error}" for r in table if r.stats.replay_error]
+    out += [f"{b}: no coverage plan: {why}" for b, why in result.plan.unplanned]
+    out += [f"{m} (plan and engine disagree)" for m in result.traffic.plan_misses]
+    if result.traffic.crash:
+        out.append(
+            f"traffic crashed in the scenario for {result.traffic.crash}; {result.traffic.not_run} scenarios not run"
+        )
+    for c in result.controls:
+        if not c.detected:
+            out.append(
+                f"control {c.name} on {c.bucket} went undetected (backend saw it: {c.seen_by_backend}, "
+                f"stance saw it: {c.seen_by_stance}): the graph-reuse check is broken"
+            )
+    if len(result.controls) < 2 or result.controls_error:
+        out.append(f"controls incomplete ({len(result.controls)} run): {result.controls_error or 'fewer than two'}")
+    return out
+
+
+def verdict(result: AuditResult, table: list[Row]) -> bool:
+    return all(conditions(result, table).values()) and not failures(result, table)

@@ -1,0 +1,102 @@
+"""`spyre-verify audit`: the on-device graph-reuse audit. Compile every bucket with the
+production backend, touch every reachable bucket with planned traffic, time each warm
+graph, prove the check can fail, and write JSON, Markdown and heatmaps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from runtime.errors import ConfigError
+from runtime.seams import Seams
+from spyre_verify import faults
+from spyre_verify.audit import run_audit
+from spyre_verify.audit_heatmap import write_heatmaps
+from spyre_verify.audit_report import markdown, payload
+from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.defaults import single_thread
+from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
+
+FAULT_ENV = "SPYRE_VERIFY_FAULT"
+# Small enough that the audit takes seconds with aot_eager and a few minutes with inductor on CPU.
+AUDIT_SIZES = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4}
+AUDIT_POOL = 8  # only with all three sizes above: a tight pool that prunes a few buckets
+DEFAULT_REPLAYS = 20
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "audit",
+        help="on-device graph-reuse audit: per-bucket compile, hits and replay latency, heatmaps",
+        epilog=(
+            "With no size flags the audit runs block_size=4 max_model_len=16 max_num_seqs=4 num_blocks=8. "
+            "A size flag replaces its default; the pool then defaults to the runtime's unless --num-blocks is given."
+        ),
+    )
+    add_config_flags(p, backend="inductor")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available")
+    p.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="timed calls per bucket (median reported)")
+    p.add_argument("--fault", default=os.environ.get(FAULT_ENV), help=f"audit under a seeded fault (or {FAULT_ENV})")
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.set_defaults(run=run)
+
+
+def say(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def pick_device(choice: str) -> str:
+    """The device to audit on; `cuda` without CUDA is a usage error, `auto` falls back and says so."""
+    if torch.cuda.is_available():
+        return "cpu" if choice == "cpu" else "cuda"
+    if choice == "cuda":
+        raise ConfigError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'none'}); use --device cpu or auto"
+        )
+    if choice == "auto":
+        say("--device auto: CUDA is not available, auditing on CPU")
+    return "cpu"
+
+
+def apply_sizes(args: argparse.Namespace) -> None:
+    """Fill the size flags the user left out (see the epilog)."""
+    given = [k for k in (*AUDIT_SIZES, "num_blocks") if getattr(args, k) is not None]
+    for k, v in AUDIT_SIZES.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if not given:
+        args.num_blocks = AUDIT_POOL
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.replays < 1:
+        raise ValueError(f"--replays={args.replays}: must be at least 1")
+    fault = faults.get(args.fault) if args.fault else None  # a bad name is a usage error before anything runs
+    apply_sizes(args)
+    config = config_from_args(args)
+    config = config.with_(device=pick_device(args.device))
+    seams = Seams()
+    if fault is not None:
+        say(f"auditing under fault {fault.name}: {fault.description}")
+        config, seams = fault.apply(config)
+    single_thread()
+    result = run_audit(config, seams, args.replays, args.fault, say)
+    p = payload(result)
+    name = f"audit-{args.fault}" if args.fault else "audit"
+    pngs = write_heatmaps(p, args.out, name)
+    if pngs is None:
+        say("heatmap skipped: matplotlib is not installed (pip install 'spyre-verify[plot]')")
+    else:
+        p["heatmaps"] = [x.name for x in pngs]  # relative to the report directory
+    write_json(args.out / f"{name}.json", p)
+    write_atomic(args.out / f"{name}.md", markdown(p))
+    print(json.dumps(p, indent=2) if args.json else markdown(p))
+    say(f"audit {p['verdict']}: reports in {args.out}/{name}.json, {name}.md")
+    return 0 if p["verdict"] == "pass" else 1

@@ -1,0 +1,166 @@
+"""`spyre-verify audit`: the clean audit passes with every reachable bucket hit, the four
+graph-reuse faults fail naming a bucket, the heatmaps are real PNGs, and the CUDA and
+no-matplotlib paths degrade with one line."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runtime.config import RuntimeConfig
+from spyre_verify import faults
+from spyre_verify.audit import run_audit
+from spyre_verify.audit_report import payload
+from spyre_verify.cli import main
+from spyre_verify.cmd_audit import pick_device
+
+ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND", "SPYRE_VERIFY_FAULT")
+# Eager goes through the same Dynamo guards as aot_eager, at half the compile cost.
+DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+TINY_FLAGS = ["--block-size", "4", "--max-model-len", "8", "--max-num-seqs", "2"]
+# The fault, the verdict condition it must break, and the status its buckets must get.
+FAULTS = {
+    "fresh-tensor-recorder": ("zero_compiles_after_warmup", "recompiled"),
+    "lazy-batched-kernel": ("every_reachable_bucket_hit", "missed"),
+    "recompile-limit-fallback": ("calls_equal_graph_hits", "missed"),
+    "dynamic-shapes": ("every_reachable_bucket_hit", "foreign-graph"),
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def audit_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any], str]:
+    rc = main(["audit", "--json", *argv])
+    out, err = capsys.readouterr()
+    return rc, json.loads(out), err
+
+
+def test_default_audit_passes_with_every_reachable_bucket_hit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from matplotlib.image import imread
+
+    rc, p, _ = audit_cli(capsys, ["--device", "cpu", "--backend", "aot_eager", "--out", str(tmp_path)])
+    assert (rc, p["verdict"], p["failures"]) == (0, "pass", [])
+    assert all(p["conditions"].values())
+    assert (p["config"]["block_size"], p["config"]["max_model_len"], p["config"]["total_blocks"]) == (4, 16, 8)
+    reachable = [b for b in p["buckets"] if b["reachable"]]
+    assert len(reachable) == 16 and p["totals"]["reachable"] == 16
+    for b in reachable:
+        assert b["status"] == "hit" and b["own_hits"] == b["calls"] > 0, b
+        assert b["compile_seconds"] > 0 and b["replay_median_us"] > 0, b
+    assert [c["detected"] for c in p["controls"]] == [True, True]
+    assert {c["name"] for c in p["controls"]} == {"size-between-rungs", "foreign-stride"}
+    assert p["environment"]["device"] == "cpu" and p["environment"]["backend"] == "aot_eager"
+    assert json.loads((tmp_path / "audit.json").read_text())["verdict"] == "pass"
+    assert (tmp_path / "audit.md").read_text().startswith("# spyre-verify audit: PASS")
+    assert p["heatmaps"] == ["audit-decode.png", "audit-batched.png"]
+    for name in p["heatmaps"]:
+        image = imread(tmp_path / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_graph_reuse_faults_fail_and_name_the_bucket(fault: str) -> None:
+    condition, status = FAULTS[fault]
+    config, seams = faults.get(fault).apply(DEFAULT)
+    p = payload(run_audit(config, seams, replays=2, fault=fault))
+    assert p["verdict"] == "fail" and p["conditions"][condition] is False
+    named = [b["bucket"] for b in p["buckets"] if b["status"] == status]
+    assert named, [(b["bucket"], b["status"]) for b in p["buckets"]]
+    assert any(f.startswith(f"{named[0]}: {status}: ") for f in p["failures"]), p["failures"]
+    if fault == "lazy-batched-kernel":
+        assert named == [b["bucket"] for b in p["buckets"] if b["kernel"] == "batched" and b["reachable"]]
+
+
+def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes() -> None:
+    from spyre_verify.audit_traffic import Plan, Scenario, coverage_plan
+    from spyre_verify.workload import Arrival
+
+    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    good = coverage_plan(config).scenarios
+    bad = Scenario(good[0].target, "a prompt that can never fit", (Arrival(0, (1,) * 8, 4),))
+    p = payload(run_audit(config, replays=1, plan=Plan((good[0], bad, *good[1:]), ())))
+    assert p["verdict"] == "fail" and p["conditions"]["traffic_completed"] is False
+    assert p["traffic"]["scenarios_run"] == 1 and p["traffic"]["not_run"] == len(good) - 1
+    assert any(f.startswith(f"traffic crashed in the scenario for {good[0].target}") for f in p["failures"])
+    assert all(b["replay_median_us"] for b in p["buckets"] if b["warmed"])  # later stages still ran
+
+
+def test_cuda_without_cuda_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["audit", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "--device cuda: CUDA is not available" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_auto_falls_back_to_cpu_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (pick_device("auto"), pick_device("cpu")) == ("cpu", "cpu")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "auditing on CPU" in err[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert [pick_device(c) for c in ("auto", "cuda", "cpu")] == ["cuda", "cuda", "cpu"]
+    assert capsys.readouterr().err == ""
+
+
+def test_without_matplotlib_the_audit_writes_json_and_markdown_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    argv = ["--device", "cpu", "--backend", "eager", *TINY_FLAGS, "--replays", "2", "--out", str(tmp_path)]
+    rc, p, err = audit_cli(capsys, argv)
+    assert (rc, p["verdict"], p["heatmaps"]) == (0, "pass", [])
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["audit.json", "audit.md"]
+    assert [line for line in err.splitlines() if "heatmap" in line] == [
+        "[spyre-verify] heatmap skipped: matplotlib is not installed (pip install 'spyre-verify[plot]')"
+    ]
+
+
+def test_bad_replays_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--device", "cpu", "--replays", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "spyre-verify: error: --replays=0: must be at least 1"
+
+
+@pytest.mark.inductor
+def test_inductor_smoke_audit_on_a_tiny_config() -> None:
+    # Six buckets and two controls at ~5 s a graph on CPU: about 40 s.
+    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="inductor")
+    t0 = time.perf_counter()
+    p = payload(run_audit(config, replays=3))
+    assert p["verdict"] == "pass", p["failures"]
+    assert p["totals"]["reachable"] == p["totals"]["hit"] == 6
+    assert p["environment"]["backend"] == "inductor"
+    assert time.perf_counter() - t0 < 300
+
+
+@pytest.mark.device
+def test_cuda_audit_on_the_device(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: torch.cuda.is_available() is False")
+    rc, p, _ = audit_cli(capsys, ["--device", "cuda", *TINY_FLAGS, "--out", str(tmp_path)])
+    assert (rc, p["verdict"]) == (0, "pass"), p["failures"]
+    assert p["environment"]["device"] == "cuda" and p["environment"]["backend"] == "inductor"
+    assert all(b["replay_median_us"] > 0 for b in p["buckets"] if b["reachable"])
