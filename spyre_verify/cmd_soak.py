@@ -1,0 +1,218 @@
+"""`spyre-verify soak`: thousands of random arrivals through one warmed engine with every
+always-on checker, periodic KV-integrity checks, a leak audit and a reference sample.
+
+The default config is the main job's (CHECK_DEFAULTS, backend aot_eager): its tight
+pool makes requests wait for blocks, and 2000 requests finish in about a minute on
+one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from runtime.seams import Seams
+from spyre_verify import faults
+from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
+from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
+from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
+from spyre_verify.violations import Violation
+
+FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
+MAX_REQUESTS = 1_000_000  # the workload is built up front
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this class private
+    d = SoakOptions()
+    p = sub.add_parser("soak", help="serve thousands of random requests with every checker and a leak audit")
+    add_config_flags(p, **CHECK_DEFAULTS)
+    p.add_argument("--requests", type=int, default=d.requests, help="requests to submit")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the workload and of the reference sample")
+    p.add_argument("--sample", type=int, default=d.sample, help="finished requests compared with the reference")
+    p.add_argument("--integrity-every", type=int, default=d.integrity_every, help="steps between KV-integrity checks")
+    p.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds of serving before the run stops")
+    p.add_argument("--fault", default=None, help=f"run under a seeded fault: {', '.join(faults.CATALOG)}")
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.set_defaults(run=run)
+
+
+def options(args: argparse.Namespace) -> SoakOptions:
+    """Validate the soak's own flags; a bad value is a ValueError (exit 2)."""
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        raise ValueError(f"--requests={args.requests}: must be between 1 and {MAX_REQUESTS}")
+    if args.sample < 0:
+        raise ValueError(f"--sample={args.sample}: must be 0 or more")
+    if args.integrity_every < 1:
+        raise ValueError(f"--integrity-every={args.integrity_every}: must be at least 1")
+    if not math.isfinite(args.time_limit) or args.time_limit <= 0:
+        raise ValueError(f"--time-limit={args.time_limit}: must be a positive number of seconds")
+    if args.fault is not None:
+        faults.get(args.fault)
+    return SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
+
+
+def say(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    opts = options(args)
+    seams = Seams()
+    if opts.fault:
+        config, seams = faults.get(opts.fault).apply(config)
+        say(f"running under fault {opts.fault}: {faults.get(opts.fault).description}")
+    single_thread()
+    result = soak(config, opts, seams, progress=say)
+    p = payload(result)
+    name = f"soak-{opts.fault}" if opts.fault else "soak"
+    write_json(args.out / f"{name}.json", p)
+    write_atomic(args.out / f"{name}.md", markdown(p))
+    print(json.dumps(p, indent=2) if args.json else markdown(p))
+    for line in summary_lines(p):
+        say(line)
+    say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
+    return 0 if p["verdict"] == "pass" else 1
+
+
+def payload(r: SoakResult) -> dict[str, Any]:
+    c, t, o = r.config, r.tracker, r.options
+    config = dataclasses.asdict(c)
+    config.update(kv_buckets=list(c.kv_buckets) if c.kv_buckets else None, total_blocks=c.total_blocks)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "soak",
+        "verdict": "fail" if r.reasons() else "pass",
+        "reasons": r.reasons(),
+        "fault": o.fault,
+        "config": {**config, "env_overrides": c.env_overrides()},
+        "environment": environment(c.device, c.backend),
+        "options": {**dataclasses.asdict(o), "arrival_spread": SPREAD},
+        "requests": {
+            "planned": o.requests,
+            "submitted": r.submitted,
+            "accepted": len(t.accepted),
+            "rejected": r.rejected,
+            "admitted": len(t.admitted),
+            "finished": len(t.finished),
+            "unfinished": r.unfinished,
+            "waited": t.waited,
+            "max_waiting": r.max_waiting,
+            "max_running": t.max_running,
+        },
+        "blocks": {
+            "usable": r.usable_blocks,
+            "free_at_end": r.free_blocks,
+            "leaked": len(r.leaked),
+            "leaked_blocks": {str(b): owner for b, owner in sorted(r.leaked.items())},
+            "reservations_left": r.reserved_left,
+        },
+        "reference": {
+            "sample_size": len(r.sampled),
+            "requested_sample": o.sample,
+            "mismatched": r.mismatched,
+            "tokens_match": bool(r.sampled) and not r.mismatched,
+            "max_logit_diff": r.output.max_logit_diff,
+            "atol": r.output.atol,
+        },
+        "kv_integrity": {"every": o.integrity_every, "checks": r.padding.integrity_checks},
+        "violations": {
+            "total": len(r.violations),
+            "by_kind": violation_counts(r.violations),
+            "first": [v.to_dict() for v in r.violations[:FIRST_VIOLATIONS]],
+        },
+        "live_padding": live_padding(r.violations),
+        "steps": r.steps,
+        "seconds": {
+            "warmup": round(r.warmup_seconds, 3),
+            "serve": round(r.serve_seconds, 3),
+            "reference": round(r.reference_seconds, 3),
+        },
+        "time_limit_hit": r.time_limit_hit,
+        "error": r.error,
+    }
+
+
+# The padding-validity checker's live-padding message, e.g. "step 7: padded entry 0 of
+# req-3's row points at block 1, owned by live request req-1; ...".
+LIVE_PADDING = re.compile(r"padded entry (\d+) of (\S+)'s row points at block (\d+), owned by live request (\S+);")
+
+
+def live_padding(violations: list[Violation]) -> dict[str, object] | None:
+    """The first live-padding violation naming two different requests (row and owner),
+    else the first live-padding violation at all, else None."""
+    found = [v for v in violations if v.kind == "live-padding"]
+    for v in found:
+        m = LIVE_PADDING.search(v.message)
+        if m and m.group(2) != m.group(4):
+            block, row, owner = int(m.group(3)), m.group(2), m.group(4)
+            return {"block": block, "row_request": row, "owner": owner, "message": v.message, "count": len(found)}
+    if found:
+        return {"block": None, "row_request": None, "owner": None, "message": found[0].message, "count": len(found)}
+    return None
+
+
+def violation_counts(violations: list[Violation]) -> dict[str, int]:
+    return dict(Counter(f"{v.check}/{v.kind}" for v in violations))
+
+
+def summary_lines(p: dict[str, Any]) -> list[str]:
+    q, b, ref, s = p["requests"], p["blocks"], p["reference"], p["seconds"]
+    lines = [
+        f"soak {p['verdict'].upper()}: {p['violations']['total']} violations, {b['leaked']} leaked blocks, "
+        f"{q['finished']}/{q['accepted']} finished ({q['admitted']} admitted, {q['rejected']} rejected, "
+        f"{q['waited']} waited), reference {ref['sample_size'] - len(ref['mismatched'])}/{ref['sample_size']} "
+        f"sampled requests equal, {p['steps']} steps in {s['serve']} s (warmup {s['warmup']} s)"
+    ]
+    lp = p["live_padding"]
+    if lp:
+        lines.append(f"live padding ({lp['count']} entries): {lp['message']}")
+    return lines + [f"fails because: {why}" for why in p["reasons"]]
+
+
+def markdown(p: dict[str, Any]) -> str:
+    c, q, b, ref = p["config"], p["requests"], p["blocks"], p["reference"]
+    lines = [f"# spyre-verify soak: {p['verdict'].upper()}", ""]
+    if p["fault"]:
+        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    lines += [
+        f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
+        f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}. Seed {p['options']['seed']}.",
+        "",
+    ]
+    rows = [
+        ["requests planned / submitted", f"{q['planned']} / {q['submitted']}"],
+        ["accepted / rejected", f"{q['accepted']} / {q['rejected']}"],
+        ["admitted / finished / unfinished", f"{q['admitted']} / {q['finished']} / {q['unfinished']}"],
+        ["waited for admission (max queue)", f"{q['waited']} ({q['max_waiting']})"],
+        ["violations", str(p["violations"]["total"])],
+        ["leaked blocks (free at end / usable)", f"{b['leaked']} ({b['free_at_end']} / {b['usable']})"],
+        ["reference sample: equal / compared", f"{ref['sample_size'] - len(ref['mismatched'])} / {ref['sample_size']}"],
+        ["KV-integrity checks (every K steps)", f"{p['kv_integrity']['checks']} (K={p['kv_integrity']['every']})"],
+        ["steps", str(p["steps"])],
+        ["seconds: warmup / serve / reference", " / ".join(str(v) for v in p["seconds"].values())],
+    ]
+    lines += [table(rows, ["figure", "value"]), ""]
+    if p["reasons"]:
+        lines += ["## Why it fails", "", *[f"- {why}" for why in p["reasons"]], ""]
+    if p["live_padding"]:
+        lp = p["live_padding"]
+        who = (
+            f"Block {lp['block']} is live KV of `{lp['owner']}` and padding in `{lp['row_request']}`'s row. "
+            if lp["row_request"]
+            else ""
+        )
+        lines += ["## Live padding", "", f"{who}{lp['count']} live-padding entries in all, e.g. {lp['message']}", ""]
+    if p["violations"]["first"]:
+        rows = [[v["check"], v["kind"], v["message"][:140]] for v in p["violations"]["first"]]
+        lines += ["## First violations", "", table(rows, ["check", "kind", "message"]), ""]
+    return "\n".join(lines)

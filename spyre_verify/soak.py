@@ -1,0 +1,236 @@
+"""The soak run: thousands of random arrivals through one warmed engine with every
+always-on checker attached and periodic KV-integrity checks, then a leak audit and a
+token comparison with the reference on a seeded sample of finished requests.
+
+It is bounded in time: past the limit it stops submitting and stepping, and the
+requests still queued or running count as unfinished (a failed run, not a hang).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runtime.bucketer import PREFILL
+from runtime.config import RuntimeConfig
+from runtime.engine import Engine
+from runtime.errors import RequestError
+from runtime.events import DispatchEvent, RequestEvent, StepEvent
+from runtime.seams import Seams
+from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.output import OutputEquivalence
+from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.session import always_on
+from spyre_verify.violations import Checker, InvariantViolation, Violation
+from spyre_verify.workload import Arrival, seeded_workload
+
+Progress = Callable[[str], None]
+# seeded_workload's gaps average ~2.6 steps, faster than this config serves (~4 steps a
+# request), so its queue only grows. Spread twice as wide, bursts still queue up but the
+# batch also drains, so idle, single-sequence and shifted batches all occur.
+SPREAD = 2
+PROGRESS_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    requests: int = 2000
+    seed: int = 0
+    sample: int = 200  # finished requests compared with the reference
+    integrity_every: int = 10  # steps between KV-integrity checks
+    time_limit: float = 600.0  # seconds of serving before the run stops
+    fault: str | None = None
+
+
+class Tracker:
+    """Follows every request through the event interface: accepted, admitted, finished."""
+
+    def __init__(self) -> None:
+        self.accepted: dict[str, int] = {}
+        self.admitted: dict[str, int] = {}
+        self.finished: dict[str, int] = {}
+        self.max_running = 0
+        self.steps = 0
+
+    def on_request(self, ev: RequestEvent) -> None:
+        self.accepted[ev.request_id] = self.steps
+
+    def on_dispatch(self, ev: DispatchEvent) -> None:
+        if ev.kernel == PREFILL:
+            self.admitted[ev.batch.request_ids[0]] = ev.step
+        self.max_running = max(self.max_running, ev.batch.num_seqs)
+
+    def on_step(self, ev: StepEvent) -> None:
+        self.steps = ev.step + 1
+        for rid in ev.finished:
+            self.finished[rid] = ev.step
+
+    @property
+    def waited(self) -> int:
+        """Requests that sat in the queue for at least one step before admission."""
+        return sum(1 for rid, step in self.admitted.items() if step > self.accepted[rid])
+
+
+@dataclass
+class SoakResult:
+    config: RuntimeConfig
+    options: SoakOptions
+    checkers: list[Checker]
+    tracker: Tracker
+    submitted: int = 0
+    rejected: int = 0
+    max_waiting: int = 0
+    steps: int = 0
+    usable_blocks: int = 0
+    free_blocks: int = 0
+    leaked: dict[int, str] = field(default_factory=dict)  # block -> owner no longer running
+    reserved_left: dict[str, int] = field(default_factory=dict)  # reservations of owners no longer running
+    sampled: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    warmup_seconds: float = 0.0
+    serve_seconds: float = 0.0
+    reference_seconds: float = 0.0
+    time_limit_hit: bool = False
+    error: str | None = None
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for c in self.checkers for v in c.violations]
+
+    @property
+    def output(self) -> OutputEquivalence:
+        return next(c for c in self.checkers if isinstance(c, OutputEquivalence))
+
+    @property
+    def padding(self) -> PaddingValidity:
+        return next(c for c in self.checkers if isinstance(c, PaddingValidity))
+
+    @property
+    def unfinished(self) -> int:
+        return len(self.tracker.accepted) - len(self.tracker.finished)
+
+    def reasons(self) -> list[str]:
+        """Why the run fails; empty when it passes."""
+        out = []
+        if self.error:
+            out.append(self.error)
+        if self.violations:
+            out.append(f"{len(self.violations)} violations; first: {self.violations[0]}")
+        if self.leaked or self.reserved_left or (not self.unfinished and self.free_blocks != self.usable_blocks):
+            out.append(f"leaked blocks {sorted(self.leaked.items())}, reservations left {self.reserved_left}")
+        if self.time_limit_hit:
+            out.append(f"time limit of {self.options.time_limit:g} s reached after {self.submitted} submissions")
+        if self.unfinished or self.submitted < self.options.requests:
+            out.append(
+                f"{self.unfinished} accepted requests unfinished, {self.options.requests - self.submitted} never submitted"
+            )
+        if self.mismatched:
+            out.append(f"{len(self.mismatched)} of {len(self.sampled)} sampled requests differ from the reference")
+        if not self.sampled and self.options.sample:
+            out.append("no request was compared with the reference")
+        return out
+
+
+def arrivals(config: RuntimeConfig, opts: SoakOptions) -> list[Arrival]:
+    return [dataclasses.replace(a, step=a.step * SPREAD) for a in seeded_workload(config, opts.requests, opts.seed)]
+
+
+def checkers_for(integrity_every: int) -> list[Checker]:
+    """Every always-on checker, with padding validity also proving KV integrity every K steps."""
+    padding = PaddingValidity(kv_integrity=True, integrity_every=integrity_every)
+    return [padding if isinstance(c, PaddingValidity) else c for c in always_on()] + [OutputEquivalence(sample=0)]
+
+
+def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: float, progress: Progress | None) -> None:
+    """Submit arrivals before their step and step the engine until done or out of time."""
+    pending, sched = deque(work), engine.scheduler
+    idle = 0  # steps the engine sat idle: arrival steps count them, engine.steps does not
+    started = time.monotonic()
+    next_note = started + PROGRESS_SECONDS
+    while pending or engine.has_work():
+        if time.monotonic() > deadline:
+            result.time_limit_hit = True
+            return
+        while pending and pending[0].step <= engine.steps + idle:
+            a = pending.popleft()
+            result.submitted += 1
+            try:
+                engine.add_request(list(a.prompt), a.max_tokens)
+            except RequestError:
+                result.rejected += 1
+        result.max_waiting = max(result.max_waiting, len(sched.waiting))
+        if engine.has_work():
+            engine.step()
+        elif pending:  # idle until the next arrival: skip ahead, keeping the gaps after it
+            idle = pending[0].step - engine.steps
+        if progress and time.monotonic() >= next_note:
+            next_note = time.monotonic() + PROGRESS_SECONDS
+            progress(f"{status_line(result, engine)}, {time.monotonic() - started:.0f} s")
+
+
+def status_line(result: SoakResult, engine: Engine) -> str:
+    t, s = result.tracker, engine.scheduler
+    return (
+        f"soak: {result.submitted}/{result.options.requests} submitted, {len(t.finished)} finished, "
+        f"step {engine.steps}, running {len(s.running)}, waiting {len(s.waiting)}, "
+        f"violations {len(result.violations)}"
+    )
+
+
+def audit_blocks(engine: Engine, result: SoakResult) -> None:
+    """Blocks and reservations held by anyone not running are leaks."""
+    running = {r.request_id for r in engine.scheduler.running}
+    pool = engine.pool
+    result.usable_blocks, result.free_blocks = pool.usable, pool.num_free
+    result.leaked = {b: o for b, o in pool.allocated().items() if o not in running}
+    result.reserved_left = {o: n for o, n in pool.snapshot()[2] if o not in running}
+
+
+def compare_sample(engine: Engine, result: SoakResult, output: OutputEquivalence) -> None:
+    done = sorted(result.tracker.finished, key=result.tracker.finished.__getitem__)
+    rng = random.Random(result.options.seed)
+    result.sampled = sorted(rng.sample(done, min(result.options.sample, len(done))), key=done.index)
+    for rid in result.sampled:
+        if not output.compare(engine.model, output.requests[rid]):
+            result.mismatched.append(rid)
+
+
+def soak(
+    config: RuntimeConfig, opts: SoakOptions, seams: Seams = Seams(), progress: Progress | None = None
+) -> SoakResult:
+    engine = Engine(config, seams)
+    checkers = checkers_for(opts.integrity_every)
+    result = SoakResult(config, opts, checkers, Tracker())
+    engine.subscribe(result.tracker)
+    for c in checkers:
+        c.attach(engine)
+    t0 = time.perf_counter()
+    if progress:
+        progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+    engine.warmup()
+    result.warmup_seconds = time.perf_counter() - t0
+    graph = next(c for c in checkers if isinstance(c, GraphReuse))
+    t0 = time.perf_counter()
+    try:
+        with graph.guard():
+            drive(engine, arrivals(config, opts), result, time.monotonic() + opts.time_limit, progress)
+    except InvariantViolation as e:
+        result.error = f"serving stopped: {e.violations[0]}"
+    except (AssertionError, IndexError, RuntimeError) as e:
+        result.error = f"serving crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    result.serve_seconds = time.perf_counter() - t0
+    result.steps = engine.steps
+    for c in checkers:
+        if c is not result.output:  # the output checker compares a seeded sample below instead
+            with contextlib.suppress(InvariantViolation):
+                c.finish(engine)
+    audit_blocks(engine, result)
+    t0 = time.perf_counter()
+    compare_sample(engine, result, result.output)
+    result.reference_seconds = time.perf_counter() - t0
+    return result
