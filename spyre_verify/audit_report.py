@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from typing import Any
 
 from spyre_verify.audit import AuditResult
 from spyre_verify.audit_verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
-from spyre_verify.report import SCHEMA_VERSION, environment, table
+from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 
 MAX_LISTED = 20  # failures shown in the Markdown; the JSON keeps them all
 
@@ -62,9 +61,7 @@ def _totals(table_rows: list[Row], result: AuditResult) -> dict[str, Any]:
 def payload(result: AuditResult) -> dict[str, Any]:
     c, t = result.config, result.traffic
     table_rows = rows(result)
-    config = dataclasses.asdict(c)
-    config.update(kv_buckets=list(c.kv_buckets) if c.kv_buckets else None, total_blocks=c.total_blocks)
-    config["env_overrides"] = c.env_overrides()
+    config = config_payload(c)
     ladders: dict[str, list[int]] = {"kv_blocks": [], "num_seqs": [], "prefill_tokens": []}
     ladders.update({k: list(v) for k, v in result.ladders.items()})
     return {
@@ -112,9 +109,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 def markdown(p: dict[str, Any]) -> str:
     c, e, tot = p["config"], p["environment"], p["totals"]
-    lines = [f"# spyre-verify audit: {p['verdict'].upper()}", ""]
-    if p["fault"]:
-        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    lines = md_title("audit", p["verdict"], p["fault"])
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']} batched_decode={c['batched_decode']}",

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from spyre_verify.controls import KillRow
-from spyre_verify.report import SCHEMA_VERSION, environment, table
+from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 from spyre_verify.session import RunResult
-
-
-def config_dict(result: RunResult) -> dict[str, Any]:
-    c = result.config
-    d = dataclasses.asdict(c)
-    d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
-    d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
-    return d
 
 
 def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
@@ -27,7 +18,7 @@ def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
         "kind": "check",
         "verdict": "pass" if verdict_ok else "fail",
         "fault": result.fault,
-        "config": config_dict(result),
+        "config": config_payload(result.config),
         "environment": environment(result.config.device, result.config.backend),
         "warmup": {"graphs": result.warmup_graphs, "seconds": round(result.warmup_seconds, 3)},
         "workload": {
@@ -47,9 +38,7 @@ def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
 
 
 def markdown(p: dict[str, Any]) -> str:
-    lines = [f"# spyre-verify check: {p['verdict'].upper()}", ""]
-    if p["fault"]:
-        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    lines = md_title("check", p["verdict"], p["fault"])
     c, w = p["config"], p["warmup"]
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "

@@ -22,7 +22,16 @@ from runtime.seams import Seams
 from spyre_verify import faults
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
-from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
+from spyre_verify.report import (
+    DEFAULT_DIR,
+    SCHEMA_VERSION,
+    config_payload,
+    environment,
+    md_title,
+    table,
+    write_atomic,
+    write_json,
+)
 from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
 from spyre_verify.violations import Violation
 
@@ -86,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def payload(r: SoakResult) -> dict[str, Any]:
     c, t, o = r.config, r.tracker, r.options
-    config = dataclasses.asdict(c)
-    config.update(kv_buckets=list(c.kv_buckets) if c.kv_buckets else None, total_blocks=c.total_blocks)
+    config = config_payload(c)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "soak",
@@ -181,9 +189,7 @@ def summary_lines(p: dict[str, Any]) -> list[str]:
 
 def markdown(p: dict[str, Any]) -> str:
     c, q, b, ref = p["config"], p["requests"], p["blocks"], p["reference"]
-    lines = [f"# spyre-verify soak: {p['verdict'].upper()}", ""]
-    if p["fault"]:
-        lines += [f"Run under the seeded fault `{p['fault']}`.", ""]
+    lines = md_title("soak", p["verdict"], p["fault"])
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}. Seed {p['options']['seed']}.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from runtime.config import RuntimeConfig
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = Path("reports")
@@ -56,6 +59,19 @@ def environment(device: str, backend: str) -> dict[str, Any]:
         "device_name": name,
         "backend": backend,
     }
+
+
+def config_payload(c: RuntimeConfig) -> dict[str, Any]:
+    """Every config field as JSON, plus the pool size and the env that reproduces it."""
+    d = dataclasses.asdict(c)
+    d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
+    d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
+    return d
+
+
+def md_title(kind: str, verdict: str, fault: str | None) -> list[str]:
+    lines = [f"# spyre-verify {kind}: {verdict.upper()}", ""]
+    return [*lines, f"Run under the seeded fault `{fault}`.", ""] if fault else lines
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

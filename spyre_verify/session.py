@@ -96,8 +96,9 @@ def serve(engine: Engine, workload: list[Arrival], progress: Progress | None = N
             engine.step()
             if progress and engine.steps % 50 == 0:
                 progress(f"serving: step {engine.steps}, {admitted} requests added, {len(pending)} to come")
-        elif pending:  # idle until the next arrival: bring it forward
-            pending[0] = Arrival(engine.steps, pending[0].prompt, pending[0].max_tokens)
+        elif pending:  # idle until the next arrival: skip ahead, keeping the gaps between arrivals
+            delta = pending[0].step - engine.steps
+            pending = [Arrival(a.step - delta, a.prompt, a.max_tokens) for a in pending]
     return admitted, rejected
 
 

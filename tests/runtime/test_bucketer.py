@@ -8,6 +8,7 @@ import pytest
 
 from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
+from spyre_verify.checks.exactness import to_buckets
 from spyre_verify.reachable import walk
 
 T, F = True, False
@@ -138,17 +139,7 @@ def test_decode_bucket_per_sequence_when_batched_is_off_or_single_seq() -> None:
 
 def walked_keys(b: SpyreAttnBucketer) -> frozenset[Bucket]:
     c = b.config
-    d = walk(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks)
-    out = set()
-    for seqs, blocks in d.decode:
-        kv = b.kv_rung(blocks)
-        if b.uses_batched(seqs):
-            n = b.seqs_rung(seqs)
-            out.add(Bucket(BATCHED, (n, kv, seqs < n, seqs == n)))
-        else:
-            out.add(Bucket(DECODE, (kv,)))
-    out |= {Bucket(PREFILL, (b.prefill_rung(tokens),)) for tokens in d.prefill}
-    return frozenset(out)
+    return to_buckets(b, walk(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks))
 
 
 # (max_num_seqs, pool) -> the largest max_model_len walked; the walk grows about as L**(2*S).
