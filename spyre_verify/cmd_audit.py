@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 
-FAULT_ENV = "SPYRE_VERIFY_FAULT"
 # Small enough that the audit takes seconds with aot_eager and a few minutes with inductor on CPU.
 AUDIT_SIZES = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4}
 AUDIT_POOL = 8  # only with all three sizes above: a tight pool that prunes a few buckets
@@ -41,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_config_flags(p, backend="inductor")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: CUDA when available")
     p.add_argument("--replays", type=int, default=DEFAULT_REPLAYS, help="timed calls per bucket (median reported)")
-    p.add_argument("--fault", default=os.environ.get(FAULT_ENV), help=f"audit under a seeded fault (or {FAULT_ENV})")
+    p.add_argument("--fault", default=faults.from_env(), help=f"audit under a seeded fault (or {faults.FAULT_ENV})")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)

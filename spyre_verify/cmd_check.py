@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -18,15 +17,13 @@ from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 from spyre_verify.session import verify
 from spyre_verify.workload import seeded_workload
 
-FAULT_ENV = "SPYRE_VERIFY_FAULT"
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="the main job: warm up, serve, check every invariant, run the controls")
     add_config_flags(p, **CHECK_DEFAULTS)
     p.add_argument("--requests", type=int, default=CHECK_REQUESTS, help="requests in the seeded workload")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fault", default=os.environ.get(FAULT_ENV), help=f"run under a seeded fault (or {FAULT_ENV})")
+    p.add_argument("--fault", default=faults.from_env(), help=f"run under a seeded fault (or {faults.FAULT_ENV})")
     p.add_argument("--no-controls", action="store_true", help="skip the fault catalog")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")

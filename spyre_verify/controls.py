@@ -38,12 +38,13 @@ def run_fault(
     cfg, seams = fault.apply(config)
     torch._dynamo.reset()
     dynamo_log = logging.getLogger("torch._dynamo")
-    level = dynamo_log.level
+    level, limit = dynamo_log.level, torch._dynamo.config.recompile_limit
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
     try:
         return verify(cfg, seams, workload, fault=name, progress=progress)
     finally:
         dynamo_log.setLevel(level)
+        torch._dynamo.config.recompile_limit = limit  # a fault's low limit must not outlive it
 
 
 def kill_row(name: str, result: RunResult) -> KillRow:

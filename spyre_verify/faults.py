@@ -7,6 +7,7 @@ is caught; a checker whose fault slips through is itself broken.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,6 +126,14 @@ CATALOG: dict[str, Fault] = {
         ),
     ]
 }
+
+
+FAULT_ENV = "SPYRE_VERIFY_FAULT"
+
+
+def from_env() -> str | None:
+    """The fault named by SPYRE_VERIFY_FAULT; unset or empty means none."""
+    return os.environ.get(FAULT_ENV) or None
 
 
 def get(name: str) -> Fault:

@@ -125,6 +125,8 @@ def verify(
     engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
     result.warmup_graphs = len(engine.recorder.events)
     result.warmup_seconds = time.perf_counter() - t0
+    if graph is not None:
+        graph.preflight()
     workload = workload if workload is not None else seeded_workload(config, 40)
     t0 = time.perf_counter()
     try:

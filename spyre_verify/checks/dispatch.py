@@ -11,6 +11,8 @@ from spyre_verify.violations import Checker
 
 def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
     """For each numeric dimension of the key, the closest warmed values with the rest equal."""
+    if not any(b.kernel == bucket.kernel for b in warm):
+        return f"no {bucket.kernel} bucket was warmed at all"
     parts = []
     for i, value in enumerate(bucket.key):
         if isinstance(value, bool):

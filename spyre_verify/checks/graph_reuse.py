@@ -72,6 +72,9 @@ class GraphReuse(Checker):
     def attach(self, engine: Any) -> None:
         self.engine = engine
         self.in_control = False
+        self.in_preflight = False
+        self.refused = 0  # recompiles the stance refused: they never reach the backend
+        self.preflight_hits: Counter[Bucket] = Counter()
         self.graphs: Counter[Bucket] = Counter()
         self.calls: Counter[Bucket] = Counter()
         self.hits: Counter[Bucket] = Counter()
@@ -101,13 +104,16 @@ class GraphReuse(Checker):
             )
 
     def on_call(self, ev: CallEvent) -> None:
-        if ev.phase == SERVING and not self.in_control:
+        if ev.phase == SERVING and not (self.in_control or self.in_preflight):
             self.calls[ev.bucket] += 1
 
     def on_graph_hit(self, ev: GraphHitEvent) -> None:
         if self.in_control or self.engine.attention.runners[ev.kernel].phase != SERVING:
             return
-        self.hits[ev.bucket] += 1
+        if self.in_preflight:
+            self.preflight_hits[ev.bucket] += 1
+        else:
+            self.hits[ev.bucket] += 1
         if ev.graph_bucket != ev.bucket and (ev.bucket, ev.graph_bucket) not in self._foreign:
             self._foreign.add((ev.bucket, ev.graph_bucket))
             self.flag(
@@ -126,6 +132,7 @@ class GraphReuse(Checker):
         except RuntimeError as e:
             if not is_stance_error(e):
                 raise
+            self.refused += 1
             last = self._last_dispatch
             where = f"{last.bucket} (step {last.step}, batch: {last.batch.describe()})" if last else "unknown bucket"
             first = str(e).splitlines()[0]
@@ -139,6 +146,42 @@ class GraphReuse(Checker):
             finally:
                 if not self.strict:
                     raise InvariantViolation(self.violations[-1:]) from e
+
+    def preflight(self) -> None:
+        """Call every bucket warmup planned once, on the staging buffers, under the stance.
+
+        The graph warmup compiled for the bucket must serve the call. This catches a
+        layout or a dynamic graph that the workload might never reach.
+        """
+        self.in_preflight = True
+        try:
+            for bucket in self.engine.recorder.plan():
+                before = self.preflight_hits[bucket]
+                try:
+                    with torch.compiler.set_stance(STANCE_MARK):
+                        self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
+                except RuntimeError as e:
+                    if not is_stance_error(e):
+                        raise
+                    self.refused += 1
+                    self.flag(
+                        "preflight-recompile",
+                        f"{bucket}: a call on the staging buffers after warmup needs a new graph: "
+                        f"{str(e).splitlines()[0]}",
+                        kernel=bucket.kernel,
+                        bucket=str(bucket),
+                    )
+                    continue
+                if self.preflight_hits[bucket] == before:
+                    self.flag(
+                        "preflight-eager",
+                        f"{bucket}: a call after warmup ran eagerly, no compiled graph served it "
+                        "(recompile_limit fallback?)",
+                        kernel=bucket.kernel,
+                        bucket=str(bucket),
+                    )
+        finally:
+            self.in_preflight = False
 
     def run_controls(self) -> list[ControlResult]:
         """Issue the mismatched calls; each must be seen by the stance and by the backend."""
@@ -190,7 +233,8 @@ class GraphReuse(Checker):
     def summary(self) -> dict[str, Any]:
         return {
             **super().summary(),
-            "compiles_after_warmup": len(self.serving_compiles),
+            # Compiles the backend saw plus those the stance refused before they happened.
+            "compiles_after_warmup": len(self.serving_compiles) + self.refused,
             "hits": {str(b): n for b, n in sorted(self.hits.items())},
             "calls": {str(b): n for b, n in sorted(self.calls.items())},
             "controls": [

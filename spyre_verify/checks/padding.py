@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import PREFILL
 from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent, StepEvent
 from spyre_verify.violations import Checker, InvariantViolation
@@ -105,7 +106,8 @@ class PaddingValidity(Checker):
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         if self._integrity_now(ev.step):
-            live = sorted(self.pool.allocated())
+            # The null block is checked with the live ones: nothing may ever write it.
+            live = sorted({NULL_BLOCK, *self.pool.allocated()})
             self._before = self.cache.block_digest(live) if live else {}
             self._copies, self._written = {}, {}
 
@@ -113,14 +115,16 @@ class PaddingValidity(Checker):
         if not self._integrity_now(ev.step):
             return
         self.integrity_checks += 1
-        still = [b for b in self._before if self.pool.owner_of(b) is not None and b not in self._written]
+        still = [
+            b for b in self._before if (b == NULL_BLOCK or self.pool.owner_of(b) is not None) and b not in self._written
+        ]
         after = self.cache.block_digest(still) if still else {}
         for b in still:
             if after[b] != self._before[b]:
+                whose = "the null block" if b == NULL_BLOCK else f"live block {b} of {self.pool.owner_of(b)}"
                 self.flag(
                     "kv-corrupted",
-                    f"step {ev.step} ({ev.bucket}): live block {b} of {self.pool.owner_of(b)} "
-                    "changed although nothing was written to it",
+                    f"step {ev.step} ({ev.bucket}): {whose} changed although nothing was written to it",
                     bucket=str(ev.bucket),
                 )
         for b, slots in self._written.items():

@@ -1,0 +1,78 @@
+"""Warmup exactness: the warm set equals the reachable set. Missing buckets (stalls) and
+extra buckets (waste) are named; above the state budget only missing ones are violations."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from runtime.bucketer import SpyreAttnBucketer
+from runtime.config import RuntimeConfig
+from runtime.engine import Engine
+from runtime.seams import Seams
+from runtime.warmup import warm_plan
+from spyre_verify.checks.exactness import WarmupExactness
+from spyre_verify.faults import CATALOG, dropped_bucket
+
+# The main job's default config: 16 reachable buckets out of 31 candidates.
+CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+
+
+def planned(config: RuntimeConfig, seams: Seams = Seams()) -> SimpleNamespace:
+    """An engine stand-in whose warm set is exactly what warmup would compile (no tensors)."""
+    bucketer = SpyreAttnBucketer(config)
+    return SimpleNamespace(bucketer=bucketer, recorder=SimpleNamespace(warm_set=frozenset(warm_plan(bucketer, seams))))
+
+
+def finished(engine: object, budget: int | None = None) -> WarmupExactness:
+    checker = WarmupExactness() if budget is None else WarmupExactness(budget=budget)
+    checker.finish(engine)
+    return checker
+
+
+def test_exact_warm_set_is_quiet() -> None:
+    checker = finished(planned(CHECK))
+    assert checker.ok, checker.violations
+    s = checker.stats
+    assert (s["method"], s["precision"], s["recall"], s["missing"], s["extra"]) == ("exhaustive", 1.0, 1.0, [], [])
+    assert s["warm"] == s["reachable"] == 16 and s["states"] > 0
+
+
+def test_over_pruned_warmup_names_the_missing_bucket() -> None:
+    config, seams = CATALOG["over-pruned-warmup"].apply(CHECK)
+    dropped = str(dropped_bucket(warm_plan(SpyreAttnBucketer(config))))
+    checker = finished(planned(config, seams))
+    assert [(v.kind, v.bucket) for v in checker.violations] == [("missing-bucket", dropped)]
+    assert dropped in checker.violations[0].message
+    assert checker.stats["recall"] == 15 / 16 and checker.stats["precision"] == 1.0
+
+
+def test_unpruned_warmup_names_every_extra_bucket() -> None:
+    config, seams = CATALOG["unpruned-warmup"].apply(CHECK)
+    pruned = {str(p.bucket) for p in SpyreAttnBucketer(config).pruned()}
+    checker = finished(planned(config, seams))
+    assert {v.kind for v in checker.violations} == {"extra-bucket"}
+    assert {v.bucket for v in checker.violations} == pruned == set(checker.stats["extra"])
+    assert checker.stats["precision"] == 16 / (16 + len(pruned)) and checker.stats["recall"] == 1.0
+
+
+def test_over_budget_falls_back_to_sampling_and_flags_only_missing() -> None:
+    config, seams = CATALOG["unpruned-warmup"].apply(CHECK)
+    unpruned = finished(planned(config, seams), budget=10)
+    assert unpruned.stats["method"] == "sampled"
+    assert unpruned.ok, unpruned.violations  # unconfirmed extras are not violations...
+    assert len(unpruned.stats["extra"]) >= 15  # ...but they are still reported
+    config, seams = CATALOG["over-pruned-warmup"].apply(CHECK)
+    over = finished(planned(config, seams), budget=10)
+    assert over.stats["method"] == "sampled"
+    assert [v.kind for v in over.violations] == ["missing-bucket"]
+
+
+def test_real_warmup_over_pruned_is_flagged() -> None:
+    config, seams = CATALOG["over-pruned-warmup"].apply(TINY)
+    engine = Engine(config, seams)
+    engine.warmup()
+    dropped = dropped_bucket(warm_plan(engine.bucketer))
+    checker = finished(engine)
+    assert [v.bucket for v in checker.violations] == [str(dropped)]
+    assert dropped not in engine.recorder.warm_set

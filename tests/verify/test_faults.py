@@ -1,0 +1,72 @@
+"""The fault catalog: every historical bug, the seam or knob that replays it, and the
+checker that must catch it. The kill table itself runs in test_controls_cli."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.block_pool import NULL_BLOCK
+from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.config import RuntimeConfig
+from runtime.seams import Seams
+from runtime.warmup import warm_plan
+from spyre_verify import faults
+from spyre_verify.faults import CATALOG
+from spyre_verify.session import all_checkers
+
+CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+REQUIRED = {
+    "builder-own-ladder": "dispatch-coverage",
+    "lazy-batched-kernel": "dispatch-coverage",
+    "fresh-tensor-recorder": "graph-reuse",
+    "live-block-padding": "padding-validity",
+    "out-of-pool-padding": "padding-validity",
+    "unpruned-warmup": "warmup-exactness",
+    "over-pruned-warmup": "warmup-exactness",
+    "recompile-limit-fallback": "graph-reuse",
+    "dynamic-shapes": "graph-reuse",
+    "mask-leak": "output-equivalence",
+}
+
+
+def test_catalog_holds_every_required_fault_with_its_checker() -> None:
+    assert {name: CATALOG[name].checker for name in REQUIRED} == REQUIRED
+    checkers = {c.name for c in all_checkers()}
+    assert all(f.checker in checkers and f.description for f in CATALOG.values())
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_fault_changes_the_runtime_and_leaves_the_input_config_alone(name: str) -> None:
+    before = CHECK.with_()
+    config, seams = CATALOG[name].apply(CHECK)
+    assert before == CHECK
+    assert (config, seams) != (CHECK, Seams())
+
+
+def test_seams_replay_the_historical_bugs() -> None:
+    assert CATALOG["live-block-padding"].apply(CHECK)[1].padding_block not in (NULL_BLOCK, None)
+    assert CATALOG["out-of-pool-padding"].apply(CHECK)[1].padding_block == CHECK.total_blocks
+    assert BATCHED not in CATALOG["lazy-batched-kernel"].apply(CHECK)[1].warmup_kernels
+    config, seams = CATALOG["builder-own-ladder"].apply(CHECK)
+    assert seams.builder_kv_ladder != SpyreAttnBucketer(config).kv_blocks
+    assert CATALOG["dynamic-shapes"].apply(CHECK)[0].compile_dynamic is None
+
+
+def test_builder_own_ladder_keeps_an_explicit_override() -> None:
+    config = CHECK.with_(kv_buckets=(8, 16))
+    assert CATALOG["builder-own-ladder"].apply(config)[0] == config
+
+
+def test_over_pruned_drops_exactly_one_reachable_bucket() -> None:
+    plan = warm_plan(SpyreAttnBucketer(CHECK))
+    _, seams = CATALOG["over-pruned-warmup"].apply(CHECK)
+    assert seams.warmup_buckets is not None
+    kept = seams.warmup_buckets(plan)
+    assert set(plan) - set(kept) == {faults.dropped_bucket(plan)}
+    assert faults.dropped_bucket(plan).kernel == BATCHED
+    assert faults.dropped_bucket([Bucket(PREFILL, (4,)), Bucket(DECODE, (2,))]) == Bucket(DECODE, (2,))
+
+
+def test_unknown_fault_is_a_value_error_listing_the_catalog() -> None:
+    with pytest.raises(ValueError, match=r"unknown fault 'nope'.*mask-leak"):
+        faults.get("nope")
