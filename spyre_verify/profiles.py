@@ -68,3 +68,7 @@ def load_profile(name: str | None = None) -> str:
     chosen = resolve(name)
     settings.load_profile(chosen)
     return chosen
+
+
+# Registered on import, so `settings.load_profile("ci")` works after `import spyre_verify.profiles`.
+register()

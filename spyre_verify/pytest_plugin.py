@@ -8,11 +8,18 @@ Registered through the `pytest11` entry point, so a runtime team's own suite get
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+# Registering (not loading) the ci/dev/hunt profiles at import lets Hypothesis's own
+# --hypothesis-profile flag find them; hypothesis is light, torch is not imported here.
+from spyre_verify import profiles
+
+profiles.register()
 
 if TYPE_CHECKING:
     from runtime.config import RuntimeConfig
@@ -41,6 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    if os.environ.get(profiles.ENV) and not config.getoption("hypothesis_profile", None):
+        profiles.load_profile(None)
     n, k = config.getoption("attn_shards"), config.getoption("attn_shard_id")
     if n < 1 or not 0 <= k < n:
         raise pytest.UsageError(f"--attn-shards={n} --attn-shard-id={k}: need N >= 1 and 0 <= K < N")

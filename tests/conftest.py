@@ -3,6 +3,10 @@ xdist already fills the cores), and pytester for the plugin's own tests."""
 
 import torch
 
+from spyre_verify.profiles import load_profile
+
 pytest_plugins = ["pytester"]
 
 torch.set_num_threads(1)
+# HYPOTHESIS_PROFILE if set (tox sets "ci"), else "dev".
+load_profile(None)

@@ -1,0 +1,179 @@
+"""`spyre-verify hunt`: a property-based ladder divergence hunt, nothing compiled.
+
+Hypothesis searches configs and reachable batch states for any point where the
+builder, the bucketer and warmup disagree, shrinks each finding to its smallest case,
+saves it to the example database (so it replays first next time) and the hunt prints
+a reproducer. Exit 1 on a divergence, 0 on none, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+
+from spyre_verify import faults
+from spyre_verify.hunt import PROPERTIES
+from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_workers
+from spyre_verify.profiles import ENV, HUNT, get_settings
+from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
+
+DEFAULT_DATABASE = Path(".hypothesis") / "hunt"
+# The checkers whose rules the hunt holds without compiling; a fault judged by another
+# (graph reuse, output equivalence) is invisible to it.
+OBSERVES = ("dispatch-coverage", "warmup-exactness", "ladder-agreement", "padding-validity")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("hunt", help="search configs and batch states for ladder divergences (Hypothesis, no compiling)")
+    p.add_argument("--examples", type=int, default=None, help="examples per property (default: the profile's)")
+    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: random, printed)")
+    p.add_argument("--control", metavar="FAULT", default=None, help="hunt under a fault from the catalog")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing one example database")
+    p.add_argument("--database", type=Path, default=DEFAULT_DATABASE, help=f"example database dir ({DEFAULT_DATABASE})")
+    p.add_argument("--hypothesis-profile", default=None, help=f"ci, dev or hunt (default: ${ENV}, else {HUNT})")
+    p.add_argument("--property", action="append", choices=list(PROPERTIES), help="run only these (repeatable)")
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.set_defaults(run=run)
+
+
+def say(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str]:
+    """Validate the flags (a ValueError is exit 2) and resolve profile, seed and examples."""
+    if args.control is not None:
+        faults.get(args.control)
+    if args.workers < 1:
+        raise ValueError(f"--workers={args.workers}: must be at least 1")
+    profile = args.hypothesis_profile or os.environ.get(ENV) or HUNT
+    base = get_settings(profile)
+    examples = base.max_examples if args.examples is None else args.examples
+    if examples < 1:
+        raise ValueError(f"--examples={examples}: must be at least 1")
+    seed, source = args.seed, "given"
+    if seed is None and base.derandomize:
+        seed, source = (
+            (0, "derandomized profile, workers seeded from 0") if args.workers > 1 else (None, "derandomized")
+        )
+    elif seed is None:
+        seed, source = random.SystemRandom().randrange(2**32), "random"
+    props = tuple(args.property) if args.property else tuple(PROPERTIES)
+    plan = HuntPlan(examples, seed, args.control, profile, str(args.database), props)
+    return plan, source
+
+
+def payload(plan: HuntPlan, source: str, workers: int, runs: list[PropertyRun], seconds: float) -> dict[str, Any]:
+    examples = sum(r.examples for r in runs)
+    cpu = sum(r.cpu_seconds for r in runs)
+    found = [f for r in runs for f in r.findings]
+    fault = faults.get(plan.fault) if plan.fault else None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "hunt",
+        "verdict": "divergence" if found else "clean",
+        "hunt": {
+            "examples_per_property": plan.examples,
+            "seed": plan.seed,
+            "seed_source": source,
+            "control": plan.fault,
+            "control_checker": fault.checker if fault else None,
+            "control_observable": fault.checker in OBSERVES if fault else None,
+            "workers": workers,
+            "profile": plan.profile,
+            "database": plan.database,
+            "properties": list(plan.properties),
+        },
+        "examples": examples,
+        "seconds": round(seconds, 3),
+        "throughput": round(examples / seconds, 1) if seconds else 0.0,
+        "cpu_seconds": round(cpu, 3),
+        "cpu_throughput": round(examples / cpu, 1) if cpu else 0.0,
+        "properties": [r.to_dict() for r in runs],
+        "findings": found,
+        "environment": {
+            "python": platform.python_version(),
+            "hypothesis": hypothesis.__version__,
+            "cpu_count": os.cpu_count(),
+        },
+    }
+
+
+def text(p: dict[str, Any], findings: list[str]) -> str:
+    h = p["hunt"]
+    lines = [
+        f"hunt: {len(h['properties'])} properties x {h['examples_per_property']} examples, seed {h['seed']} "
+        f"({h['seed_source']}), profile {h['profile']}, {h['workers']} worker(s), control: {h['control'] or 'none'}"
+    ]
+    for r in p["properties"]:
+        lines.append(
+            f"  {r['property']:<9} {r['examples']:>7} examples {r['seconds']:>8.2f} s {r['throughput']:>7.0f}/s "
+            f"({r['cpu_throughput']:.0f}/s per CPU second)  {r['findings']} finding(s)  [{r['checks']}]"
+        )
+    lines.append(
+        f"throughput: {p['examples']} examples in {p['seconds']:.2f} s = {p['throughput']:.0f} examples/s "
+        f"({p['cpu_throughput']:.0f} examples per CPU second on one core)"
+    )
+    if h["control"] and not h["control_observable"]:
+        lines.append(
+            f"note: {h['control']} is judged by {h['control_checker']}, which needs compiled kernels; the hunt cannot see it"
+        )
+    lines.append(f"{len(p['findings'])} divergence(s) found" if p["findings"] else "no divergence found")
+    for i, f in enumerate(findings, 1):
+        lines.append(f"finding {i}: {f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan, source = plan_from_args(args)
+    if plan.fault:
+        say(f"control {plan.fault}: {faults.get(plan.fault).description}")
+    say(f"hunting {', '.join(plan.properties)} with {plan.examples} examples each; database {plan.database}")
+    start = time.perf_counter()
+    runs = merge(run_workers(plan, args.workers, say))
+    seconds = time.perf_counter() - start
+    p = payload(plan, source, args.workers, runs, seconds)
+    name = f"hunt-{plan.fault}" if plan.fault else "hunt"
+    path = write_json(args.out / f"{name}.json", p)
+    if args.json:
+        print(json.dumps(p, indent=2))
+    else:
+        print(text(p, [_describe(f) for f in p["findings"]]))
+    say(f"report: {path}")
+    return 1 if p["findings"] else 0
+
+
+def _describe(f: dict[str, Any]) -> str:
+    """The terminal lines of a finding, from its report entry."""
+    lines = [f"[{f['property']}/{f['kind']}] {f['message']}"]
+    c = f["config"]
+    env = " ".join(f"{k}={v}" for k, v in c["env_overrides"].items())
+    shown = (
+        "block_size",
+        "max_model_len",
+        "max_num_seqs",
+        "num_blocks",
+        "total_blocks",
+        "kv_buckets",
+        "batched_decode",
+    )
+    lines.append(f"  config: {' '.join(f'{k}={c[k]}' for k in shown)}  env: {env or '-'}")
+    for key in ("events", "batch_state", "witness", "warm_ladder", "cold_kv_rungs"):
+        if f.get(key) is not None:
+            value = f[key]
+            if key == "warm_ladder":
+                value = {k: v for k, v in value.items() if k != "buckets"}
+            lines.append(f"  {key}: {json.dumps(value) if not isinstance(value, str) else value}")
+    lines.append(f"  reproduce: {f['reproducer']}")
+    lines.append(f"  pytest:    {f['pytest']}")
+    return "\n".join(lines)

@@ -1,0 +1,121 @@
+"""A hunt finding: the shrunk config, the batch state, the bucket, the warm ladder it missed,
+and two one-line reproducers (a shell line with the env overrides, and a pytest line)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runtime.bucketer import BATCHED, PREFILL, Bucket
+from runtime.config import RuntimeConfig
+from spyre_verify.report import config_payload
+from spyre_verify.strategies import Op, StepPoint
+
+if TYPE_CHECKING:
+    from spyre_verify.hunt import World
+
+# The check each property's pytest line calls.
+CHECKS = {"dispatch": "check_trace", "padding": "check_trace", "warmup": "check_warmup", "ladders": "check_ladders"}
+
+
+def kv_of(bucket: Bucket) -> int:
+    """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
+    return int(bucket.key[1] if bucket.kernel == BATCHED else bucket.key[0])
+
+
+def warm_ladder(warm: Iterable[Bucket], kernel: str) -> dict[str, Any]:
+    """The rungs warmup recorded for one kernel: its KV dimension, and num_seqs for batched."""
+    mine = sorted(b for b in warm if b.kernel == kernel)
+    out: dict[str, Any] = {
+        "kernel": kernel,
+        "dimension": "prefill_tokens" if kernel == PREFILL else "kv_blocks",
+        "rungs": sorted({kv_of(b) for b in mine}),
+    }
+    if kernel == BATCHED:
+        out["num_seqs"] = sorted({int(b.key[0]) for b in mine})
+    out["buckets"] = [str(b) for b in mine]
+    return out
+
+
+def config_code(c: RuntimeConfig) -> str:
+    """`RuntimeConfig(...)` with every field that differs from the default (the model excepted)."""
+    args = [
+        f"{f.name}={getattr(c, f.name)!r}"
+        for f in dataclasses.fields(c)
+        if f.name != "model" and getattr(c, f.name) != f.default
+    ]
+    return f"RuntimeConfig({', '.join(args)})"
+
+
+def op_code(op: Op) -> str:
+    return f"Op('add', {op.prompt_len}, {op.max_tokens})" if op.kind == "add" else f"Op('step', steps={op.steps})"
+
+
+@dataclass(frozen=True)
+class Finding:
+    prop: str  # "dispatch", "padding", "warmup" or "ladders"
+    kind: str  # e.g. "cold-dispatch", "missing-bucket", "ladder-divergence", "live-padding"
+    message: str
+    fault: str | None
+    config: RuntimeConfig  # as the runtime ran it: after the fault's configure step
+    bucket: Bucket | None = None
+    batch_state: dict[str, Any] | None = None
+    events: tuple[Op, ...] | None = None
+    warm_ladder: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        w: World,
+        prop: str,
+        kind: str,
+        message: str,
+        bucket: Bucket | None = None,
+        point: StepPoint | None = None,
+        events: Sequence[Op] | None = None,
+        **details: Any,
+    ) -> Finding:
+        ladder = warm_ladder(w.warm, bucket.kernel) if bucket is not None else None
+        state = point.describe() if point is not None else None
+        evs = tuple(events) if events is not None else None
+        return cls(prop, kind, message, w.fault, w.config, bucket, state, evs, ladder, details)
+
+    def reproducer(self) -> str:
+        """Shell: the env overrides plus a `spyre-verify ladders` call that prints the warm set."""
+        c = self.config
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in c.env_overrides().items())
+        flags = f"--block-size {c.block_size} --max-model-len {c.max_model_len} --max-num-seqs {c.max_num_seqs}"
+        if c.num_blocks is not None:
+            flags += f" --num-blocks {c.num_blocks}"
+        return f"{env + ' ' if env else ''}spyre-verify ladders {flags}"
+
+    def pytest_line(self) -> str:
+        """Python: re-run this property on exactly this case; the assert fails while the finding holds."""
+        check = CHECKS[self.prop]
+        args = [config_code(self.config)]
+        imports = f"from runtime.config import RuntimeConfig; from spyre_verify.hunt import {check}"
+        if check == "check_trace":
+            args.append("[" + ", ".join(op_code(o) for o in self.events or ()) + "]")
+            imports += "; from spyre_verify.strategies import Op"
+        args.append(f"fault={self.fault!r}")
+        return f"{imports}; assert {check}({', '.join(args)}) == []"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "property": self.prop,
+            "kind": self.kind,
+            "message": self.message,
+            "fault": self.fault,
+            "config": config_payload(self.config),
+            "bucket": str(self.bucket) if self.bucket is not None else None,
+            "batch_state": self.batch_state,
+            "events": [str(o) for o in self.events] if self.events is not None else None,
+            "warm_ladder": self.warm_ladder,
+            **{k: ([str(x) for x in v] if k == "cold_buckets" else v) for k, v in self.details.items()},
+            "reproducer": self.reproducer(),
+            "pytest": self.pytest_line(),
+        }

@@ -1,0 +1,183 @@
+"""Run the hunt properties under Hypothesis: generation, targeting, shrinking and the example
+database are Hypothesis's; this module only wires them up, counts examples and collects
+the shrunk findings. `run_workers` splits a hunt across processes sharing one database.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from spyre_verify.hunt import PROPERTIES
+from spyre_verify.hunt_findings import Finding
+from spyre_verify.profiles import get_settings
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class HuntPlan:
+    """One process's share of a hunt (picklable, so it can cross to a worker)."""
+
+    examples: int  # max_examples for each property
+    seed: int | None  # None: the profile decides (random, or derandomized for `ci`)
+    fault: str | None = None
+    profile: str | None = None
+    database: str | None = None  # a directory shared by every worker; None: no database
+    properties: tuple[str, ...] = tuple(PROPERTIES)
+    worker: int = 0
+    progress_every: float = 5.0  # seconds between progress lines
+
+
+@dataclass
+class PropertyRun:
+    name: str
+    examples: int = 0  # test-case executions: replayed, generated, targeted and shrinking ones
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time: the one-core cost, whatever else runs
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        return self.examples / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_throughput(self) -> float:
+        return self.examples / self.cpu_seconds if self.cpu_seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "property": self.name,
+            "checks": PROPERTIES[self.name].checks,
+            "examples": self.examples,
+            "seconds": round(self.seconds, 3),
+            "throughput": round(self.throughput, 1),
+            "cpu_seconds": round(self.cpu_seconds, 3),
+            "cpu_throughput": round(self.cpu_throughput, 1),
+            "findings": len(self.findings),
+        }
+
+
+class Divergence(AssertionError):
+    """Raised inside a property with the finding attached; Hypothesis shrinks the case."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+_KINDS: dict[str, type[Divergence]] = {}
+
+
+def error_for(finding: Finding) -> Divergence:
+    # Hypothesis tells distinct bugs apart by exception type and location: one class per
+    # (property, kind) lets it shrink a cold dispatch and a bad padding entry separately.
+    name = f"{finding.prop}/{finding.kind}"
+    cls = _KINDS.setdefault(name, type(f"Divergence_{len(_KINDS)}", (Divergence,), {"__qualname__": name}))
+    return cls(finding)
+
+
+def _divergences(e: BaseException) -> list[Divergence]:
+    if isinstance(e, Divergence):
+        return [e]
+    return [d for sub in getattr(e, "exceptions", ()) for d in _divergences(sub)]
+
+
+def hunt_settings(plan: HuntPlan) -> settings:
+    base = get_settings(plan.profile)
+    return settings(
+        base,
+        max_examples=plan.examples,
+        deadline=None,
+        derandomize=base.derandomize and plan.seed is None,
+        database=DirectoryBasedExampleDatabase(plan.database) if plan.database else None,
+        verbosity=Verbosity.quiet,  # findings are reported by the hunt, not as tracebacks
+        report_multiple_bugs=True,
+        phases=[p for p in base.phases if p != Phase.explain],  # explain's output is not shown
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+def run_property(name: str, plan: HuntPlan, say: Say | None = None) -> PropertyRun:
+    prop, run = PROPERTIES[name], PropertyRun(name)
+    start = last = time.perf_counter()
+    cpu = time.process_time()
+    who = f"worker {plan.worker}: " if plan.worker else ""
+
+    def case(example: Any) -> None:
+        nonlocal last
+        run.examples += 1
+        now = time.perf_counter()
+        if say and now - last >= plan.progress_every:
+            last = now
+            say(f"{who}{name}: {run.examples} examples, {run.examples / (now - start):.0f}/s")
+        found = prop.body(example, plan.fault)
+        if found:
+            raise error_for(found[0])
+
+    # The database key: the same property under another fault is another test.
+    case._hypothesis_internal_add_digest = f"spyre-verify hunt {name} fault={plan.fault}".encode()  # type: ignore[attr-defined]
+    test = settings(hunt_settings(plan))(given(prop.cases(plan.fault))(case))
+    if plan.seed is not None:
+        # What @seed sets, without the database=None that @seed adds: a seeded hunt must
+        # still replay and save failures.
+        test._hypothesis_internal_use_seed = plan.seed  # type: ignore[attr-defined]
+    try:
+        test()
+    except Exception as e:
+        found = _divergences(e)
+        if not found:
+            raise
+        run.findings = [d.finding.to_dict() for d in found]
+    run.seconds = time.perf_counter() - start
+    run.cpu_seconds = time.process_time() - cpu
+    return run
+
+
+def run_hunt(plan: HuntPlan, say: Say | None = None) -> list[PropertyRun]:
+    """Every property of the plan, in this process."""
+    return [run_property(name, plan, say) for name in plan.properties]
+
+
+def _say_stderr(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def _worker(plan: HuntPlan) -> list[PropertyRun]:
+    return run_hunt(plan, _say_stderr)
+
+
+def run_workers(plan: HuntPlan, workers: int, say: Say | None = None) -> list[list[PropertyRun]]:
+    """Split the examples over `workers` processes, each with its own seed, one shared database."""
+    if workers == 1:
+        return [run_hunt(plan, say)]
+    share = math.ceil(plan.examples / workers)
+    plans = [
+        replace(plan, examples=share, worker=i + 1, seed=None if plan.seed is None else plan.seed + i)
+        for i in range(workers)
+    ]
+    # spawn: a clean interpreter per worker, whatever threads this process has started.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_worker, plans))
+
+
+def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:
+    """Sum examples and CPU time per property, keep the longest wall time, drop findings two workers shared."""
+    out: dict[str, PropertyRun] = {}
+    for runs in per_worker:
+        for r in runs:
+            m = out.setdefault(r.name, PropertyRun(r.name))
+            m.examples += r.examples
+            m.seconds = max(m.seconds, r.seconds)
+            m.cpu_seconds += r.cpu_seconds
+            m.findings += [f for f in r.findings if f not in m.findings]
+    return list(out.values())

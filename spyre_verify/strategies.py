@@ -1,0 +1,267 @@
+"""Public Hypothesis strategies for bucketing properties: configs, reachable batch states, workloads.
+
+Write your own property with them::
+
+    from hypothesis import given, strategies as st
+    from runtime.bucketer import SpyreAttnBucketer
+    from runtime.metadata import MetadataBuilder
+    from spyre_verify.strategies import batch_states, configs
+
+    @given(st.data())
+    def test_decode_stays_warm(data):
+        config = data.draw(configs())
+        state = data.draw(batch_states(config))
+        bucketer = SpyreAttnBucketer(config)
+        for point in state.points:
+            if point.kind == "decode":
+                md = MetadataBuilder(bucketer).build_decode(list(point.seqs), point.tkv)
+                assert md.bucket in bucketer.warm_set()
+
+Every config is valid (`RuntimeConfig` validates it, env overrides included). Every
+batch state is reached from an empty engine by driving the real `Scheduler` and
+`BlockPool` through add/step events, without tensors. Every workload request fits
+`max_model_len`. Everything shrinks toward small configs and short traces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from runtime.block_pool import BlockPool
+from runtime.config import ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.metadata import SeqState
+from runtime.scheduler import Scheduler
+from spyre_verify.workload import Arrival
+
+BLOCK_SIZES = (1, 2, 4, 8, 16)
+
+
+# -- configs --------------------------------------------------------------------------------
+# Hypothesis validates every new strategy object; the strategies below draw only cached
+# primitives (st.integers and friends are memoised by their arguments) so that a
+# config-dependent draw costs no construction, which keeps hunts at hundreds of examples/s.
+
+
+def draw_kv_override(draw: st.DrawFn, block_size: int, max_model_len: int) -> str:
+    top = math.ceil(max_model_len / block_size)
+    rungs: list[int] = []
+    # One draw per lower rung, 0 ends the list; the top rung lands at a drawn position.
+    while top > 1 and len(rungs) < 6 and (r := draw(st.integers(0, top - 1))):
+        if r not in rungs:
+            rungs.append(r)
+    rungs.insert(draw(st.integers(0, len(rungs))), top)
+    sep = ", " if draw(st.booleans()) else ","
+    return sep.join(str(r * block_size) for r in rungs)
+
+
+@st.composite
+def kv_bucket_overrides(draw: st.DrawFn, block_size: int, max_model_len: int) -> str:
+    """A `SPYRE_ATTN_KV_BUCKETS` value valid for the config: block multiples, any order,
+    with the top rung `ceil(max_model_len / block_size) * block_size` that covers it."""
+    return draw_kv_override(draw, block_size, max_model_len)
+
+
+def draw_pool(draw: st.DrawFn, block_size: int, max_model_len: int, max_num_seqs: int) -> int | None:
+    per_seq = math.ceil(max_model_len / block_size)
+    tightest, default = per_seq + 1, max_num_seqs * per_seq + 1
+    choice = draw(st.integers(0, 2))  # shrinks toward the default pool
+    return None if choice == 0 else tightest if choice == 1 else draw(st.integers(tightest, default + 2))
+
+
+@st.composite
+def pool_overrides(draw: st.DrawFn, block_size: int, max_model_len: int, max_num_seqs: int) -> int | None:
+    """A `num_blocks` override (null block included), or None for the default pool. The
+    tightest legal pool (one max_model_len request plus the null block) is drawn often."""
+    return draw_pool(draw, block_size, max_model_len, max_num_seqs)
+
+
+@st.composite
+def configs(
+    draw: st.DrawFn,
+    *,
+    block_sizes: tuple[int, ...] = BLOCK_SIZES,
+    max_model_len: tuple[int, int] = (1, 64),
+    max_num_seqs: tuple[int, int] = (1, 6),
+    kv_overrides: bool = True,
+    pool_override: bool = True,
+    batched_decode: bool | None = None,
+) -> RuntimeConfig:
+    """Valid `RuntimeConfig`s (backend "eager"); overrides go through the env parser.
+
+    `max_model_len` and `max_num_seqs` are inclusive ranges. `batched_decode=None`
+    draws it; the KV override and the pool override are each drawn or left out.
+    """
+    bs = block_sizes[draw(st.integers(0, len(block_sizes) - 1))]
+    L = draw(st.integers(*max_model_len))
+    S = draw(st.integers(*max_num_seqs))
+    env: dict[str, str] = {}
+    if kv_overrides and draw(st.booleans()):
+        env[ENV_KV_BUCKETS] = draw_kv_override(draw, bs, L)
+    batched = not draw(st.booleans()) if batched_decode is None else batched_decode
+    if not batched:
+        env[ENV_BATCHED_DECODE] = "0"
+    num_blocks = draw_pool(draw, bs, L, S) if pool_override else None
+    return RuntimeConfig.from_env(
+        env, block_size=bs, max_model_len=L, max_num_seqs=S, num_blocks=num_blocks, backend="eager"
+    )
+
+
+# -- requests and events -----------------------------------------------------------------------
+def longest_prompt(config: RuntimeConfig) -> int:
+    """The longest prompt that can ever fit (0 when none can): its padded length plus one token <= L."""
+    bs = config.block_size
+    return (config.max_model_len - 1) // bs * bs
+
+
+def draw_request(draw: st.DrawFn, config: RuntimeConfig) -> tuple[int, int]:
+    top = longest_prompt(config)
+    if top < 1:
+        return draw(st.nothing())
+    p = draw(st.integers(1, top))
+    room = config.max_model_len - math.ceil(p / config.block_size) * config.block_size
+    return p, draw(st.integers(1, room))
+
+
+@st.composite
+def requests(draw: st.DrawFn, config: RuntimeConfig) -> tuple[int, int]:
+    """(prompt length, max_tokens) of a request that can fit: padded prompt + max_tokens <= L."""
+    return draw_request(draw, config)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One event: `add` a request, or run `steps` engine steps (prefill one joiner, else decode)."""
+
+    kind: str  # "add" or "step"
+    prompt_len: int = 0
+    max_tokens: int = 0
+    steps: int = 1
+
+    def __str__(self) -> str:
+        return f"add({self.prompt_len}, {self.max_tokens})" if self.kind == "add" else f"step({self.steps})"
+
+
+def draw_ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 16) -> list[Op]:
+    can_add = longest_prompt(config) >= 1
+    events: list[Op] = []
+    # One draw picks stop (0), add (1-4) or step (5-8); deleting an event deletes its draws.
+    while len(events) < max_size and (what := draw(st.integers(0, 8))):
+        if can_add and what <= 4:
+            p, mt = draw_request(draw, config)
+            events.append(Op("add", p, mt))
+        else:
+            events.append(Op("step", steps=draw(st.integers(1, max(1, config.max_model_len)))))
+    return events
+
+
+@st.composite
+def ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 16) -> list[Op]:
+    """Event sequences for a config: adds of fitting requests and runs of steps."""
+    return draw_ops(draw, config, max_size)
+
+
+# -- batch states ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepPoint:
+    """One dispatch: the batch exactly as the metadata builder sees it."""
+
+    index: int  # engine step number
+    kind: str  # "prefill" (seqs holds the joining row) or "decode" (every running row)
+    tkv: int
+    seqs: tuple[SeqState, ...]
+    owners: tuple[tuple[int, str], ...]  # (block, owner) for every allocated block
+
+    def describe(self) -> dict[str, Any]:
+        rows = [
+            {"request_id": s.request_id, "left_pad": s.left_pad, "num_cached": s.num_cached, "blocks": list(s.blocks)}
+            for s in self.seqs
+        ]
+        return {"step": self.index, "kind": self.kind, "tkv": self.tkv, "rows": rows}
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """A reachable state: the events that led there, every dispatch on the way, and the end state."""
+
+    config: RuntimeConfig
+    ops: tuple[Op, ...]
+    points: tuple[StepPoint, ...]
+    tkv: int
+    seqs: tuple[SeqState, ...]  # running rows at the end, as scheduler.seq_states() gives them
+    waiting: tuple[tuple[str, int, int], ...]  # (request id, prompt length, max_tokens)
+    owners: tuple[tuple[int, str], ...]
+    free_blocks: int
+
+
+def step_once(sched: Scheduler, index: int) -> StepPoint | None:
+    """One engine step without tensors: the Engine.step schedule, with token 0 as every output."""
+    adm = sched.next_admission()
+    if adm is not None:
+        req = sched.admit(adm)
+        point = StepPoint(index, "prefill", sched.tkv, (req.seq_state(),), _owners(sched.pool))
+        sched.record_prefill(req, 0)
+        return point
+    if not sched.running:
+        return None
+    sched.grow_for_decode()
+    point = StepPoint(index, "decode", sched.tkv, tuple(sched.seq_states()), _owners(sched.pool))
+    sched.record_decode([0] * len(sched.running))
+    return point
+
+
+def _owners(pool: BlockPool) -> tuple[tuple[int, str], ...]:
+    return tuple(sorted(pool.allocated().items()))
+
+
+def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...]) -> BatchState:
+    """Drive a fresh Scheduler and BlockPool through `events`; record every dispatch."""
+    pool = BlockPool(config.total_blocks)
+    sched = Scheduler(config, pool)
+    points: list[StepPoint] = []
+    for op in events:
+        if op.kind == "add":
+            sched.add([0] * op.prompt_len, op.max_tokens)
+            continue
+        for _ in range(op.steps):
+            point = step_once(sched, len(points))
+            if point is None:
+                break
+            points.append(point)
+    waiting = tuple((r.request_id, len(r.prompt), r.max_tokens) for r in sched.waiting)
+    return BatchState(
+        config,
+        tuple(events),
+        tuple(points),
+        sched.tkv,
+        tuple(sched.seq_states()),
+        waiting,
+        _owners(pool),
+        pool.num_free,
+    )
+
+
+@st.composite
+def batch_states(draw: st.DrawFn, config: RuntimeConfig, max_ops: int = 16) -> BatchState:
+    """Reachable batch states of `config` (with the trace of dispatches that reached them)."""
+    return replay(config, draw_ops(draw, config, max_ops))
+
+
+# -- workloads -----------------------------------------------------------------------------------
+@st.composite
+def workloads(draw: st.DrawFn, config: RuntimeConfig, max_requests: int = 8) -> list[Arrival]:
+    """Request workloads: arrival steps (bursts and gaps), prompt tokens and max_tokens that fit."""
+    out: list[Arrival] = []
+    if longest_prompt(config) < 1:
+        return out
+    step = 0
+    vocab = config.model.vocab_size
+    for _ in range(draw(st.integers(0, max_requests))):
+        step += draw(st.integers(0, 8))
+        p, mt = draw_request(draw, config)
+        tokens = draw(st.lists(st.integers(0, vocab - 1), min_size=p, max_size=p))
+        out.append(Arrival(step, tuple(tokens), mt))
+    return out
