@@ -74,9 +74,9 @@ class KernelRunner:
             for gid in range(before, len(self.graphs)):
                 ev = CompileEvent(self.kernel, bucket, self.phase, seconds, gid)
                 self.compiles.append(ev)
-                if self.events:
+                if self.events.wants("compile"):
                     self.events.emit("compile", ev)
-        if self.events:
+        if self.events.wants("call"):
             self.events.emit("call", CallEvent(self.kernel, bucket, self.phase))
         return out
 
@@ -91,7 +91,7 @@ class KernelRunner:
             bucket = self._current
             assert bucket is not None
             self.hits[bucket] += 1
-            if self.events:
+            if self.events.wants("graph_hit"):
                 self.events.emit("graph_hit", GraphHitEvent(self.kernel, bucket, gid, graph_bucket))
 
         # Dynamo calls the backend's result with positional tensors for every backend.

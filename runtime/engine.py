@@ -60,7 +60,7 @@ class Engine:
     def add_request(self, prompt_token_ids: object, max_tokens: object, request_id: object = None) -> str:
         rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id)
         self.outputs[rid] = []
-        if self.events:
+        if self.events.wants("request"):
             req = self.scheduler.waiting[-1]
             self.events.emit("request", RequestEvent(rid, req.prompt, req.max_tokens))
         return rid
@@ -94,7 +94,7 @@ class Engine:
             assert not sched.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
         finished = tuple(r.request_id for r in done)
-        if self.events:
+        if self.events.wants("step"):
             self.events.emit("step", StepEvent(self.steps, kind, bucket, finished))
         self.steps += 1
         return StepResult(kind, bucket, finished)
@@ -105,10 +105,10 @@ class Engine:
         lp, tkv = md.left_pad, md.tkv
         tokens = [0] * lp + list(req.prompt) + [0] * (width - tkv)
         positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(width)]
-        self._emit_dispatch(md.bucket, BatchInfo((req.request_id,), (md.prompt_len,), (lp,), tkv))
+        self._emit_dispatch(md.bucket, (req.request_id,), (md.prompt_len,), (lp,), tkv)
         self._emit_table(md.bucket, (req.request_id,), (lp,), tkv, (md.block_table,))
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
-        self._emit_writes([(req.request_id, md.slots)])
+        self._emit_writes((req.request_id,), [md.slots])
         with torch.no_grad():
             x = self.model.embed(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))
             for layer in range(len(self.model.layers)):
@@ -120,10 +120,9 @@ class Engine:
 
     def _run_decode(self, md: DecodeMetadata) -> list[int]:
         dev, running = self.config.device, self.scheduler.running
-        batch = BatchInfo(md.request_ids, md.seq_lens, md.left_pads, md.tkv)
-        self._emit_dispatch(md.bucket, batch)
+        self._emit_dispatch(md.bucket, md.request_ids, md.seq_lens, md.left_pads, md.tkv)
         self._emit_table(md.bucket, md.request_ids, md.left_pads, md.tkv, md.block_table)
-        self._emit_writes([(rid, (slot,)) for rid, slot in zip(md.request_ids, md.slots, strict=True)])
+        self._emit_writes(md.request_ids, [(slot,) for slot in md.slots])
         self.attention.stage_decode(md)
         inputs = torch.tensor([r.output[-1] for r in running], device=dev)
         positions = torch.tensor([r.num_cached for r in running], device=dev)
@@ -141,22 +140,23 @@ class Engine:
         tokens = logits.argmax(dim=-1).tolist()
         for r, t, row in zip(reqs, tokens, logits, strict=True):
             self.outputs[r.request_id].append(t)
-            if self.events:
+            if self.events.wants("token"):
                 self.events.emit("token", TokenEvent(r.request_id, t, row.detach().clone(), self.steps))
         return tokens
 
     # -- events ----------------------------------------------------------------------------------
-    def _emit_dispatch(self, bucket: Bucket, batch: BatchInfo) -> None:
-        if self.events:
-            self.events.emit(
-                "dispatch",
-                DispatchEvent(bucket.kernel, bucket, batch, self.attention.runners[bucket.kernel].phase, self.steps),
-            )
+    def _emit_dispatch(
+        self, bucket: Bucket, rids: tuple[str, ...], lens: tuple[int, ...], pads: tuple[int, ...], tkv: int
+    ) -> None:
+        if self.events.wants("dispatch"):
+            batch = BatchInfo(rids, lens, pads, tkv)
+            phase = self.attention.runners[bucket.kernel].phase
+            self.events.emit("dispatch", DispatchEvent(bucket.kernel, bucket, batch, phase, self.steps))
 
     def _emit_table(
         self, bucket: Bucket, rids: tuple[str, ...], pads: tuple[int, ...], tkv: int, table: tuple[tuple[int, ...], ...]
     ) -> None:
-        if self.events:
+        if self.events.wants("block_table"):
             ids = sorted({b for row in table for b in row})
             owners = tuple((b, self.pool.owner_of(b)) for b in ids)
             ev = BlockTableEvent(
@@ -164,10 +164,10 @@ class Engine:
             )
             self.events.emit("block_table", ev)
 
-    def _emit_writes(self, writes: list[tuple[str, tuple[int, ...]]]) -> None:
-        if self.events:
+    def _emit_writes(self, rids: tuple[str, ...], slots_per_request: list[tuple[int, ...]]) -> None:
+        if self.events.wants("kv_write"):
             bs = self.config.block_size
-            for rid, slots in writes:
+            for rid, slots in zip(rids, slots_per_request, strict=True):
                 blocks = tuple(s // bs for s in slots)
                 owners = tuple(self.pool.owner_of(b) for b in blocks)
                 self.events.emit("kv_write", KVWriteEvent(rid, slots, blocks, owners, self.steps))

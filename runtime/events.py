@@ -112,14 +112,27 @@ class StepEvent:
 class EventBus:
     def __init__(self) -> None:
         self._observers: list[Any] = []
+        self._wanted: dict[str, bool] = {}
 
     def subscribe(self, observer: Any) -> Callable[[], None]:
         """Attach an observer; returns a function that detaches it."""
         self._observers.append(observer)
-        return lambda: self._observers.remove(observer)
+        self._wanted.clear()
+
+        def detach() -> None:
+            self._observers.remove(observer)
+            self._wanted.clear()
+
+        return detach
 
     def __bool__(self) -> bool:
         return bool(self._observers)
+
+    def wants(self, kind: str) -> bool:
+        """Whether any observer handles `kind`: an event nobody reads is never built."""
+        if kind not in self._wanted:
+            self._wanted[kind] = any(hasattr(o, "on_" + kind) for o in self._observers)
+        return self._wanted[kind]
 
     def emit(self, kind: str, event: object) -> None:
         for obs in tuple(self._observers):

@@ -24,6 +24,7 @@ class WarmupRecorder:
         self.attention = attention
         self.seams = seams
         self.events: list[CompileEvent] = []
+        self._warm: frozenset[Bucket] = frozenset()
         self.done = False
 
     def plan(self) -> list[Bucket]:
@@ -38,6 +39,7 @@ class WarmupRecorder:
             if progress:
                 progress(i + 1, len(plan), bucket)
         self.events = [e for r in self.attention.runners.values() for e in r.compiles if e.phase == WARMUP]
+        self._warm = frozenset(e.bucket for e in self.events)
         self.attention.serve()
         self.done = True
         return self.events
@@ -47,7 +49,8 @@ class WarmupRecorder:
 
     @property
     def warm_set(self) -> frozenset[Bucket]:
-        return frozenset(e.bucket for e in self.events)
+        """The buckets warmup compiled (fixed once warmup is done; empty before)."""
+        return self._warm
 
     @property
     def seconds(self) -> float:

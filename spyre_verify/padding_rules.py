@@ -22,7 +22,7 @@ def block_table_problems(
     tkv: int,
     kernel: str,
     block_size: int,
-    owners: Mapping[int, str],
+    owners: Mapping[int, str | None],
     num_blocks: int,
     null_block: int = NULL_BLOCK,
 ) -> list[tuple[str, str]]:
@@ -34,7 +34,8 @@ def block_table_problems(
     for i, row in enumerate(table):
         rid = request_ids[i] if i < len(request_ids) else None
         first = left_pads[i] // block_size if rid is not None else len(row)
-        where = f"{rid}'s row" if rid else f"padded row {i}"
+        # A padded row belongs to no request; name the batch whose kernel call reads it.
+        where = f"{rid}'s row" if rid else f"padded row {i} of the batch {', '.join(request_ids)}"
         for j, b in enumerate(row):
             real = rid is not None and first <= j <= last
             owner = owners.get(b)
@@ -49,7 +50,8 @@ def block_table_problems(
                 out.append(
                     (
                         "live-padding" if owner else "bad-padding",
-                        f"padded entry {j} of {where} points at block {b}, {whose}",
+                        f"padded entry {j} of {where} points at block {b}, {whose}; "
+                        f"a padded access would touch {owner or 'it'} instead of block {null_block}",
                     )
                 )
     return out

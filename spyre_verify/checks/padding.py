@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from runtime.block_pool import NULL_BLOCK
-from runtime.bucketer import PREFILL
 from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent, StepEvent
+from spyre_verify.padding_rules import block_table_problems
 from spyre_verify.violations import Checker, InvariantViolation
 
 
@@ -43,47 +43,23 @@ class PaddingValidity(Checker):
     # -- block tables ------------------------------------------------------------------
     def on_block_table(self, ev: BlockTableEvent) -> None:
         self.tables_checked += 1
-        owners = dict(ev.owners)
-        bs, where = self.block_size, {"kernel": ev.kernel, "bucket": str(ev.bucket)}
-        if owners.get(ev.null_block) is not None:
-            self.flag("null-allocated", f"null block {ev.null_block} is allocated to {owners[ev.null_block]}", **where)
-        last = (ev.tkv - 1) // bs if ev.kernel == PREFILL else ev.tkv // bs
-        for i, row in enumerate(ev.block_table):
-            rid = ev.request_ids[i] if i < len(ev.request_ids) else None
-            first = ev.left_pads[i] // bs if rid is not None else len(row)
-            for j, b in enumerate(row):
-                real = rid is not None and first <= j <= last
-                self._check_entry(ev, i, j, b, rid, real, owners.get(b), where)
-
-    def _check_entry(
-        self,
-        ev: BlockTableEvent,
-        i: int,
-        j: int,
-        b: int,
-        rid: str | None,
-        real: bool,
-        owner: str | None,
-        where: dict[str, str],
-    ) -> None:
-        # A padded row belongs to no request; name the batch whose kernel call reads it.
-        row = f"{rid}'s row" if rid else f"padded row {i} of the batch {', '.join(ev.request_ids)}"
-        if not 0 <= b < ev.num_blocks:
-            msg = f"step {ev.step}: entry {j} of {row} points at block {b}, outside the pool [0, {ev.num_blocks})"
-            self.flag("out-of-pool", msg, **where)
-            # Never let the kernel make an out-of-bounds access (on CUDA it corrupts memory or
-            # kills the context): stop here even when not strict.
-            raise InvariantViolation(self.violations[-1:])
-        elif real and owner != rid:
-            self.flag("foreign-block", f"step {ev.step}: entry {j} of {row} is block {b}, owned by {owner}", **where)
-        elif not real and b != ev.null_block:
-            whose = f"owned by live request {owner}" if owner else "not the null block"
-            self.flag(
-                "live-padding" if owner else "bad-padding",
-                f"step {ev.step}: padded entry {j} of {row} points at block {b}, {whose}; "
-                f"a padded access would touch {owner or 'it'} instead of block {ev.null_block}",
-                **where,
-            )
+        problems = block_table_problems(
+            ev.block_table,
+            ev.request_ids,
+            ev.left_pads,
+            ev.tkv,
+            ev.kernel,
+            self.block_size,
+            dict(ev.owners),
+            ev.num_blocks,
+            ev.null_block,
+        )
+        for kind, message in problems:
+            self.flag(kind, f"step {ev.step}: {message}", kernel=ev.kernel, bucket=str(ev.bucket))
+            if kind == "out-of-pool":
+                # Never let the kernel make an out-of-bounds access (on CUDA it corrupts memory
+                # or kills the context): stop here even when not strict.
+                raise InvariantViolation(self.violations[-1:])
 
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:

@@ -199,8 +199,33 @@ def test_no_observer_builds_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
     assert built == Counter(), f"events built with no observer: {built}"
     assert_matches_reference(engine, work.requests)
 
-    # The control: one listener, and every kind of event is built again.
-    engine.subscribe(object())
+    # The control: one listener for every kind, and every kind of event is built again.
+    class EveryKind:
+        def __getattr__(self, name: str):
+            if name.startswith("on_"):
+                return lambda event: None
+            raise AttributeError(name)
+
+    engine.subscribe(EveryKind())
     engine.add_request([1, 2, 3], 2)
     engine.run_until_done()
     assert set(built) == {name for _, name in EMIT_ONLY} | {"emit"}
+
+
+def test_an_event_kind_nobody_handles_is_not_built() -> None:
+    engine = Engine(SMALL.with_(max_model_len=16, max_num_seqs=2))
+
+    class DispatchOnly:
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def on_dispatch(self, event) -> None:
+            self.seen += 1
+
+    obs = DispatchOnly()
+    engine.subscribe(obs)
+    assert engine.events.wants("dispatch") and not engine.events.wants("token")
+    engine.warmup()
+    engine.add_request([1, 2, 3], 3)
+    engine.run_until_done()
+    assert obs.seen == engine.steps
