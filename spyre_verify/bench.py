@@ -1,0 +1,167 @@
+"""`spyre-verify bench`: what the harness costs and what bucketing buys, as ratios.
+
+Every figure is measured side by side in one process (with and without, batched and
+looped, kernel and streaming read) and reported as a ratio with its target and its
+min, median and max over repeats: on a shared, noisy machine an absolute time means
+little, a ratio of two things measured together means much more.
+
+The figures live in modules by what they need: `bench_engine` (warmed engines, and
+warmup size: 3), `bench_overhead` (checker overhead on those engines: 1, 1b),
+`bench_sched` (no compiler: 2, 6) and `bench_kernels` (compiled kernels: 4, 5).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.config import ModelDims, RuntimeConfig
+from spyre_verify.defaults import CHECK_DEFAULTS
+
+FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Sizes and repeats of one bench mode; `backend` is the default for compiled figures."""
+
+    name: str
+    repeats: int
+    backend: str
+    engine: dict[str, Any]  # RuntimeConfig kwargs of the engine figures (1, 3); backend added later
+    steps_per_round: int  # figure 1: engine steps per timed round
+    hunt_examples: int  # figure 2: examples per property
+    batched: RuntimeConfig  # figure 4: the top bucket of this config
+    roofline: RuntimeConfig  # figure 5: the same, with heads wide enough to be memory bound
+    kernel_seconds: float  # figures 4, 5: time each side of a repeat for about this long
+    waste_requests: int  # figure 6: requests per seeded workload
+
+    def engine_config(self, backend: str) -> RuntimeConfig:
+        return RuntimeConfig(**{**self.engine, "backend": backend})
+
+
+# Figure 5's model: 8 heads of 128, so a top-bucket decode streams ~134 MB of KV, far
+# more than any cache; one layer is enough, the kernels see one layer's cache.
+WIDE = ModelDims(hidden_size=1024, num_heads=8, num_layers=1, mlp_size=1024)
+_SMALL = {k: v for k, v in CHECK_DEFAULTS.items() if k != "backend"}
+_TINY = {"block_size": 4, "max_model_len": 8, "max_num_seqs": 2}
+_TOY = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4)  # default pool: every row distinct blocks
+
+FULL = Mode("full", 5, "inductor", {}, 300, 1000, RuntimeConfig(), RuntimeConfig(model=WIDE), 0.5, 100)
+QUICK = Mode("quick", 3, "eager", _SMALL, 150, 200, RuntimeConfig(), RuntimeConfig(model=WIDE), 0.1, 40)
+# Every figure at toy sizes, for the command's own test; the numbers mean little.
+TINY = Mode("tiny", 1, "eager", _TINY, 10, 20, _TOY, _TOY, 0.01, 5)
+
+
+@dataclass
+class Figure:
+    """One row of the bench: a ratio (or a rate) with its target and spread over repeats."""
+
+    id: str
+    name: str
+    value: float  # the median over repeats
+    min: float
+    max: float
+    unit: str  # "x" for a ratio, else the rate's unit
+    target: float | None  # None: informational, no target
+    direction: str  # "<=" or ">=": which side of the target is good
+    baseline: str  # what the ratio is taken against, in words
+    backend: str | None = None
+    notes: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    remedy: str = ""  # what would close the gap, shown when the target is missed
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.value <= self.target if self.direction == "<=" else self.value >= self.target
+
+    def gap(self) -> str:
+        """By how much the target is missed, in words ("" when met or informational)."""
+        if self.met is not False or self.target is None:
+            return ""
+        if self.direction == "<=":
+            over = self.value - self.target
+            return f"{self.value:.3g}{self.unit} against <= {self.target:g}{self.unit}: {over:.3g}{self.unit} over"
+        short = 1 - self.value / self.target if self.target else 0.0
+        return f"{self.value:.3g}{self.unit} against >= {self.target:g}{self.unit}: {short:.0%} short"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["met"] = self.met
+        d["gap"] = self.gap()
+        return d
+
+
+def spread(samples: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of the per-repeat samples."""
+    return statistics.median(samples), min(samples), max(samples)
+
+
+def ratio_figure(fid: str, name: str, samples: list[float], **kw: Any) -> Figure:
+    med, lo, hi = spread(samples)
+    kw.setdefault("unit", "x")
+    kw.setdefault("details", {})["samples"] = [round(s, 4) for s in samples]
+    return Figure(fid, name, med, lo, hi, **kw)
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: Mode
+    backend: str
+    repeats: int
+    only: tuple[str, ...] = FIGURES
+
+
+Progress = Callable[[str], None]
+
+
+def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure]:
+    """Run the selected figures in one process, single-threaded except figure 5."""
+    from spyre_verify import bench_engine, bench_kernels, bench_sched
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: list[Figure] = []
+    try:
+        # Engines first: figure 3 times the first warmup of the process (a cold compile).
+        if "1" in plan.only or "3" in plan.only:
+            out += bench_engine.figures(plan, progress)
+        if "2" in plan.only:
+            out.append(bench_sched.hunt_figure(plan, progress))
+        if "4" in plan.only:
+            out.append(bench_kernels.batched_figure(plan, progress))
+        if "5" in plan.only:
+            out.append(bench_kernels.roofline_figure(plan, progress))
+        if "6" in plan.only:
+            out.append(bench_sched.waste_figure(plan, progress))
+    finally:
+        torch.set_num_threads(threads)
+    for f in out:
+        if f.backend is not None and f.backend != "inductor":
+            f.notes.append(
+                f"measured with {f.backend}, not inductor"
+                + (
+                    " (--quick keeps CI under 60 s; inductor costs ~5 s a graph on CPU)"
+                    if plan.mode.name != "full"
+                    else ""
+                )
+            )
+    return sorted(out, key=lambda f: f.id)
+
+
+def closing(figures: list[Figure]) -> list[str]:
+    """One line per missed target: by how much, and what would close the gap."""
+    lines = []
+    for f in figures:
+        if f.met is False:
+            lines.append(f"figure {f.id} ({f.name}) misses its target: {f.gap()}. To close it: {f.remedy}")
+    if not lines:
+        lines.append("every target is met")
+    return lines

@@ -1,0 +1,147 @@
+"""`spyre-verify bench`: what the harness costs and what bucketing buys, as ratios
+measured side by side in one process, each with its target and min/median/max over
+repeats. A benchmark, not a gate: a missed target is reported, not an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
+from spyre_verify.bench import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing, run_figures
+from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="benchmark figures: checker overhead, hunt rate, warmup size, kernels, padding")
+    p.add_argument("--quick", action="store_true", help="CI mode: small sizes, fewer repeats, eager by default")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help=f"Dynamo backend of the compiled figures: {', '.join(BACKENDS)} "
+        f"(default: ${ENV_BACKEND}, else inductor; eager with --quick)",
+    )
+    p.add_argument(
+        "--repeats", default=None, help=f"repeats per figure (default {FULL.repeats}; {QUICK.repeats} quick)"
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout (the table goes to stderr)")
+    # Hidden: a subset of figures (re-running one figure), and toy sizes (the command's own test).
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(run=run)
+
+
+def say(msg: str) -> None:
+    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """Validate every flag before anything runs (a ValueError or ConfigError is exit 2)."""
+    mode = TINY if args.tiny else QUICK if args.quick else FULL
+    if args.backend is not None:
+        backend = parse_backend(args.backend, "--backend")
+    elif ENV_BACKEND in os.environ:
+        backend = parse_backend(os.environ[ENV_BACKEND], ENV_BACKEND)
+    else:
+        backend = mode.backend
+    repeats = mode.repeats
+    if args.repeats is not None:
+        text = str(args.repeats).strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"--repeats={args.repeats!r}: must be an integer >= 1")
+        repeats = int(text)
+    only = FIGURES
+    if args.only is not None:
+        only = tuple(x.strip() for x in str(args.only).split(","))
+        bad = [x for x in only if x not in FIGURES]
+        if bad or not only:
+            raise ValueError(f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}")
+    return Plan(mode, backend, repeats, only)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name where Linux tells it (platform.processor() is often empty)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def payload(plan: Plan, figures: list[Figure], seconds: float) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "bench",
+        "mode": plan.mode.name,
+        "backend": plan.backend,
+        "repeats": plan.repeats,
+        "environment": {**environment("cpu", plan.backend), "cpu_model": cpu_model(), "cpu_count": os.cpu_count()},
+        "seconds": round(seconds, 1),
+        "figures": [f.to_dict() for f in figures],
+        "missed": [f.id for f in figures if f.met is False],
+        "closing": closing(figures),
+    }
+
+
+def _num(x: float, unit: str) -> str:
+    """Ratios to three decimals, rates to whole units."""
+    return f"{x:.3f}{unit}" if unit == "x" else f"{x:,.0f}{unit}"
+
+
+def render(p: dict[str, Any]) -> str:
+    rows = []
+    for f in p["figures"]:
+        target = "-" if f["target"] is None else f"{f['direction']} {_num(f['target'], f['unit'])}"
+        met = {True: "yes", False: "NO", None: "-"}[f["met"]]
+        rows.append(
+            [
+                f["id"],
+                f["name"],
+                _num(f["value"], f["unit"]),
+                f"{_num(f['min'], f['unit'])} .. {_num(f['max'], f['unit'])}",
+                target,
+                met,
+                f["backend"] or "-",
+                f["baseline"],
+            ]
+        )
+    header = ["#", "figure", "median", "min .. max", "target", "met", "backend", "against"]
+    env = p["environment"]
+    lines = [
+        f"# spyre-verify bench ({p['mode']}): {len(p['figures'])} figures, {p['repeats']} repeats, {p['seconds']} s",
+        "",
+        f"torch {env['torch']}, {env['cpu_model']}, {env['cpu_count']} CPUs; backend {p['backend']}",
+        "",
+        table(rows, header),
+        "",
+        *[f"- {line}" for line in p["closing"]],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    say(f"bench ({plan.mode.name}): figures {','.join(plan.only)}, backend {plan.backend}, {plan.repeats} repeats")
+    t0 = time.perf_counter()
+    figures = run_figures(plan, say)
+    p = payload(plan, figures, time.perf_counter() - t0)
+    text = render(p)
+    write_json(args.out / "bench.json", p)
+    write_atomic(args.out / "bench.md", text)
+    if args.json:
+        print(json.dumps(p, indent=2))
+        print(text, file=sys.stderr)
+    else:
+        print(text)
+    say(f"reports: {args.out / 'bench.json'}, {args.out / 'bench.md'}")
+    return 0

@@ -1,0 +1,94 @@
+"""`spyre-verify bench`: every figure with its target, a valid JSON report, exit 2 on bad flags.
+
+The command's own run uses the hidden `--tiny` mode (every figure at toy sizes, eager,
+one repeat): `--quick` is the CI benchmark and takes longer than a unit test should.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.config import RuntimeConfig
+from runtime.engine import Engine
+from spyre_verify.bench import Figure
+from spyre_verify.bench_sched import Sim, prefill_waste, serve
+from spyre_verify.cli import main
+from spyre_verify.report import SCHEMA_VERSION, read_json
+from spyre_verify.session import DispatchLog
+from spyre_verify.session import serve as engine_serve
+from spyre_verify.workload import seeded_workload
+
+IDS = ["1", "1b", "2", "3", "4", "5", "6"]
+FIELDS = {"id", "name", "value", "min", "max", "target", "direction", "unit", "met", "notes", "settings", "details"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPYRE_DYNAMO_BACKEND", raising=False)
+
+
+def test_bench_prints_every_figure_with_target_and_a_valid_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--tiny", "--json", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert printed == read_json(tmp_path / "bench.json")
+    assert printed["schema_version"] == SCHEMA_VERSION and printed["kind"] == "bench"
+    figures = printed["figures"]
+    assert [f["id"] for f in figures] == IDS
+    for f in figures:
+        assert set(f) >= FIELDS, f["id"]
+        assert f["min"] <= f["value"] <= f["max"], f["id"]
+        assert f["direction"] in ("<=", ">=")
+        if f["target"] is None:
+            assert f["met"] is None
+        else:
+            good = f["value"] <= f["target"] if f["direction"] == "<=" else f["value"] >= f["target"]
+            assert f["met"] is good, f["id"]
+            # The human table (stderr with --json) shows the figure with its target.
+            row = next(line for line in err.splitlines() if line.startswith(f"| {f['id']} "))
+            assert f["name"] in row and f["direction"] in row
+    assert printed["missed"] == [f["id"] for f in figures if f["met"] is False]
+    assert len(printed["closing"]) == max(1, len(printed["missed"]))
+    assert (tmp_path / "bench.md").read_text().startswith("# spyre-verify bench (tiny)")
+
+
+@pytest.mark.parametrize(
+    "flags", [["--repeats", "0"], ["--repeats", "two"], ["--backend", "tvm"], ["--only", "9"], ["--only", ""]]
+)
+def test_bad_flags_exit_2_with_one_line(flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_gap_says_by_how_much() -> None:
+    over = Figure("1", "overhead", 1.2, 1.1, 1.3, unit="x", target=1.05, direction="<=", baseline="")
+    short = Figure("2", "rate", 400.0, 350.0, 450.0, unit="/s", target=500.0, direction=">=", baseline="")
+    fine = Figure("4", "speedup", 2.0, 1.9, 2.1, unit="x", target=1.0, direction=">=", baseline="")
+    assert (over.met, short.met, fine.met) == (False, False, True)
+    assert "0.15x over" in over.gap() and "20% short" in short.gap() and fine.gap() == ""
+
+
+def test_tensor_free_sim_dispatches_what_the_engine_dispatches() -> None:
+    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    work = seeded_workload(config, 12, seed=3)
+    engine, log = Engine(config), DispatchLog()
+    engine.subscribe(log)
+    engine.warmup()
+    engine_serve(engine, work)
+    served = [e.bucket for e in log.events if e.phase == "serving"]
+    assert served and [md.bucket for md in serve(Sim(config), work)] == served
+
+
+def test_padding_to_a_block_wastes_less_than_padding_to_the_top_rung() -> None:
+    config = RuntimeConfig(block_size=16, max_model_len=128, max_num_seqs=4)
+    w = prefill_waste(config, seeded_workload(config, 30, seed=1))
+    assert w.prefills > 0
+    assert w.useful <= w.ours <= w.top_rung == w.prefills * 128
+    assert w.ours < w.top_rung
