@@ -63,12 +63,12 @@ class KernelRunner:
 
     def __call__(self, bucket: Bucket, *args: Any) -> Any:
         self._current = bucket
-        self.calls[bucket] += 1
         before = len(self.graphs)
         t0 = time.perf_counter()
         # Grad mode is part of every guard: warmup and serving must share it.
         with torch.no_grad():
             out = self._fn(*args)
+        self.calls[bucket] += 1  # a call the stance refused never ran, so it is not counted
         if len(self.graphs) > before:
             seconds = time.perf_counter() - t0
             for gid in range(before, len(self.graphs)):

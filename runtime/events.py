@@ -112,30 +112,33 @@ class StepEvent:
 class EventBus:
     def __init__(self) -> None:
         self._observers: list[Any] = []
-        self._wanted: dict[str, bool] = {}
+        self._handlers: dict[str, tuple[Callable[[Any], None], ...]] = {}
 
     def subscribe(self, observer: Any) -> Callable[[], None]:
         """Attach an observer; returns a function that detaches it."""
         self._observers.append(observer)
-        self._wanted.clear()
+        self._handlers.clear()
 
         def detach() -> None:
             self._observers.remove(observer)
-            self._wanted.clear()
+            self._handlers.clear()
 
         return detach
 
     def __bool__(self) -> bool:
         return bool(self._observers)
 
+    def _for(self, kind: str) -> tuple[Callable[[Any], None], ...]:
+        # Handlers are looked up once per kind, not once per event.
+        if kind not in self._handlers:
+            found = (getattr(o, "on_" + kind, None) for o in self._observers)
+            self._handlers[kind] = tuple(h for h in found if h is not None)
+        return self._handlers[kind]
+
     def wants(self, kind: str) -> bool:
         """Whether any observer handles `kind`: an event nobody reads is never built."""
-        if kind not in self._wanted:
-            self._wanted[kind] = any(hasattr(o, "on_" + kind) for o in self._observers)
-        return self._wanted[kind]
+        return bool(self._for(kind))
 
     def emit(self, kind: str, event: object) -> None:
-        for obs in tuple(self._observers):
-            handler = getattr(obs, "on_" + kind, None)
-            if handler is not None:
-                handler(event)
+        for handler in self._for(kind):
+            handler(event)

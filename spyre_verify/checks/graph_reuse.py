@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from runtime.bucketer import DECODE, PREFILL, Bucket
-from runtime.events import SERVING, CallEvent, CompileEvent, DispatchEvent, GraphHitEvent
+from runtime.events import SERVING, CompileEvent, DispatchEvent, GraphHitEvent
 from spyre_verify.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
@@ -83,10 +83,21 @@ class GraphReuse(Checker):
         self.controls: list[ControlResult] = []
         self._foreign: set[tuple[Bucket, Bucket]] = set()
         self._last_dispatch: DispatchEvent | None = None
+        self._calls_before: Counter[Bucket] | None = None
         super().attach(engine)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self._last_dispatch = ev
+        if ev.phase == SERVING and self._calls_before is None:
+            # Serving calls are read off the runners' own counters at the end (counting an
+            # event per kernel call per layer cost more than the rest of this checker).
+            self._calls_before = self._runner_calls()
+
+    def _runner_calls(self) -> Counter[Bucket]:
+        total: Counter[Bucket] = Counter()
+        for runner in self.engine.attention.runners.values():
+            total.update(runner.calls)
+        return total
 
     def on_compile(self, ev: CompileEvent) -> None:
         if self.in_control:
@@ -102,10 +113,6 @@ class GraphReuse(Checker):
                 kernel=ev.kernel,
                 bucket=str(ev.bucket),
             )
-
-    def on_call(self, ev: CallEvent) -> None:
-        if ev.phase == SERVING and not (self.in_control or self.in_preflight):
-            self.calls[ev.bucket] += 1
 
     def on_graph_hit(self, ev: GraphHitEvent) -> None:
         if self.in_control or self.engine.attention.runners[ev.kernel].phase != SERVING:
@@ -211,6 +218,8 @@ class GraphReuse(Checker):
         return self.controls
 
     def finish(self, engine: Any) -> None:
+        if self._calls_before is not None:
+            self.calls = self._runner_calls() - self._calls_before
         for bucket, n in sorted(self.graphs.items()):
             if n > 1:
                 self.flag(

@@ -10,7 +10,7 @@ import spyre_verify.checks.graph_reuse as graph_reuse
 from runtime.bucketer import DECODE, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.events import SERVING, WARMUP, CallEvent, CompileEvent, GraphHitEvent
+from runtime.events import WARMUP, CompileEvent, GraphHitEvent
 from runtime.seams import Seams
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.faults import CATALOG
@@ -130,7 +130,6 @@ def test_two_graphs_for_one_bucket_and_foreign_hits_are_flagged_once() -> None:
     checker.on_compile(CompileEvent(DECODE, b, WARMUP, 0.1, 1))
     engine.attention.serve()
     for _ in range(2):
-        checker.on_call(CallEvent(DECODE, other, SERVING))
         checker.on_graph_hit(GraphHitEvent(DECODE, other, 1, b))
     checker.finish(engine)
     assert [(v.kind, v.bucket) for v in checker.violations] == [
