@@ -47,6 +47,9 @@ class KernelRunner:
         self.phase = WARMUP
         self.calls: Counter[Bucket] = Counter()
         self.hits: Counter[Bucket] = Counter()
+        # (bucket of the call, bucket the serving graph was compiled for): a graph that serves
+        # another bucket's calls is a dynamic-shape graph.
+        self.served: Counter[tuple[Bucket, Bucket]] = Counter()
         self.graphs: dict[int, Bucket] = {}
         self.compiles: list[CompileEvent] = []
         self._current: Bucket | None = None
@@ -91,6 +94,7 @@ class KernelRunner:
             bucket = self._current
             assert bucket is not None
             self.hits[bucket] += 1
+            self.served[bucket, graph_bucket] += 1
             if self.events.wants("graph_hit"):
                 self.events.emit("graph_hit", GraphHitEvent(self.kernel, bucket, gid, graph_bucket))
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from runtime.bucketer import DECODE, PREFILL, Bucket
-from runtime.events import SERVING, CompileEvent, DispatchEvent, GraphHitEvent
+from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
@@ -83,21 +83,34 @@ class GraphReuse(Checker):
         self.controls: list[ControlResult] = []
         self._foreign: set[tuple[Bucket, Bucket]] = set()
         self._last_dispatch: DispatchEvent | None = None
-        self._calls_before: Counter[Bucket] | None = None
+        self._before: tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]] | None = None
         super().attach(engine)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self._last_dispatch = ev
-        if ev.phase == SERVING and self._calls_before is None:
-            # Serving calls are read off the runners' own counters at the end (counting an
-            # event per kernel call per layer cost more than the rest of this checker).
-            self._calls_before = self._runner_calls()
+        if ev.phase == SERVING and self._before is None:
+            # Calls and graph hits are read off the runners' own counters (an event per
+            # kernel call per layer cost more than the rest of this checker put together).
+            self._before = self._counters()
 
-    def _runner_calls(self) -> Counter[Bucket]:
-        total: Counter[Bucket] = Counter()
+    def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
+        calls: Counter[Bucket] = Counter()
+        served: Counter[tuple[Bucket, Bucket]] = Counter()
         for runner in self.engine.attention.runners.values():
-            total.update(runner.calls)
-        return total
+            calls.update(runner.calls)
+            served.update(runner.served)
+        return calls, served
+
+    def _flag_foreign(self, served: Counter[tuple[Bucket, Bucket]]) -> None:
+        for bucket, graph in sorted(served):
+            if graph != bucket and (bucket, graph) not in self._foreign:
+                self._foreign.add((bucket, graph))
+                self.flag(
+                    "foreign-graph",
+                    f"{bucket} was served by the graph compiled for {graph} (a dynamic-shape graph?)",
+                    kernel=bucket.kernel,
+                    bucket=str(bucket),
+                )
 
     def on_compile(self, ev: CompileEvent) -> None:
         if self.in_control:
@@ -110,22 +123,6 @@ class GraphReuse(Checker):
                 "compile-after-warmup",
                 f"{ev.bucket} compiled a new graph in serving ({ev.seconds:.2f} s): "
                 "warmup's graph for it was not reused",
-                kernel=ev.kernel,
-                bucket=str(ev.bucket),
-            )
-
-    def on_graph_hit(self, ev: GraphHitEvent) -> None:
-        if self.in_control or self.engine.attention.runners[ev.kernel].phase != SERVING:
-            return
-        if self.in_preflight:
-            self.preflight_hits[ev.bucket] += 1
-        else:
-            self.hits[ev.bucket] += 1
-        if ev.graph_bucket != ev.bucket and (ev.bucket, ev.graph_bucket) not in self._foreign:
-            self._foreign.add((ev.bucket, ev.graph_bucket))
-            self.flag(
-                "foreign-graph",
-                f"{ev.bucket} was served by the graph compiled for {ev.graph_bucket} (a dynamic-shape graph?)",
                 kernel=ev.kernel,
                 bucket=str(ev.bucket),
             )
@@ -163,7 +160,7 @@ class GraphReuse(Checker):
         self.in_preflight = True
         try:
             for bucket in self.engine.recorder.plan():
-                before = self.preflight_hits[bucket]
+                _, before = self._counters()
                 try:
                     with torch.compiler.set_stance(STANCE_MARK):
                         self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
@@ -179,7 +176,11 @@ class GraphReuse(Checker):
                         bucket=str(bucket),
                     )
                     continue
-                if self.preflight_hits[bucket] == before:
+                _, after = self._counters()
+                served = after - before
+                self.preflight_hits[bucket] += sum(served.values())
+                self._flag_foreign(served)
+                if not served:
                     self.flag(
                         "preflight-eager",
                         f"{bucket}: a call after warmup ran eagerly, no compiled graph served it "
@@ -218,8 +219,13 @@ class GraphReuse(Checker):
         return self.controls
 
     def finish(self, engine: Any) -> None:
-        if self._calls_before is not None:
-            self.calls = self._runner_calls() - self._calls_before
+        if self._before is not None:
+            now_calls, now_served = self._counters()
+            self.calls = now_calls - self._before[0]
+            served = now_served - self._before[1]
+            for (bucket, _), n in served.items():
+                self.hits[bucket] += n
+            self._flag_foreign(served)
         for bucket, n in sorted(self.graphs.items()):
             if n > 1:
                 self.flag(
@@ -229,12 +235,12 @@ class GraphReuse(Checker):
                     bucket=str(bucket),
                 )
         for bucket in sorted(self.calls):
-            calls, hits = self.calls[bucket], self.hits[bucket]
-            if calls != hits:
+            n_calls, n_hits = self.calls[bucket], self.hits[bucket]
+            if n_calls != n_hits:
                 self.flag(
                     "eager-fallback",
-                    f"{bucket}: {calls} calls but {hits} served by a compiled graph; "
-                    f"{calls - hits} ran eagerly (recompile_limit fallback?)",
+                    f"{bucket}: {n_calls} calls but {n_hits} served by a compiled graph; "
+                    f"{n_calls - n_hits} ran eagerly (recompile_limit fallback?)",
                     kernel=bucket.kernel,
                     bucket=str(bucket),
                 )

@@ -10,7 +10,7 @@ import spyre_verify.checks.graph_reuse as graph_reuse
 from runtime.bucketer import DECODE, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.events import WARMUP, CompileEvent, GraphHitEvent
+from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
 from runtime.seams import Seams
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.faults import CATALOG
@@ -129,8 +129,10 @@ def test_two_graphs_for_one_bucket_and_foreign_hits_are_flagged_once() -> None:
     checker.on_compile(CompileEvent(DECODE, b, WARMUP, 0.1, 0))
     checker.on_compile(CompileEvent(DECODE, b, WARMUP, 0.1, 1))
     engine.attention.serve()
-    for _ in range(2):
-        checker.on_graph_hit(GraphHitEvent(DECODE, other, 1, b))
+    checker.on_dispatch(DispatchEvent(DECODE, other, BatchInfo(("r",), (1,), (0,), 1), SERVING, 0))
+    runner = engine.attention.runners[DECODE]
+    runner.calls[other] += 2
+    runner.served[other, b] += 2  # two calls of decode(2,) served by decode(1,)'s graph
     checker.finish(engine)
     assert [(v.kind, v.bucket) for v in checker.violations] == [
         ("foreign-graph", "decode(2,)"),
