@@ -164,7 +164,9 @@ def test_warmup_then_serving_compiles_nothing(config: RuntimeConfig, seed: int) 
         assert runner.calls == runner.hits, f"{kernel}: calls without a graph hit ran eagerly"
         # Warmup calls each warm bucket once; serving calls a dispatched bucket once per layer,
         # and the per-sequence kernel once per row of the batch.
-        served = sum(n if kernel == DECODE else 1 for b, n in zip(log.buckets, log.rows, strict=True) if b.kernel == kernel)
+        served = sum(
+            n if kernel == DECODE else 1 for b, n in zip(log.buckets, log.rows, strict=True) if b.kernel == kernel
+        )
         warmed = sum(1 for b in warm if b.kernel == kernel)
         assert sum(runner.calls.values()) == warmed + engine.config.model.num_layers * served
 
