@@ -22,15 +22,15 @@ EVENTS = "events+stance"
 
 # What would cut each part, from reading the code each part runs.
 ADVICE = {
-    EVENTS: "the engine builds every event kind once anyone listens (a TokenEvent clones a logits row per "
-    "sequence per step though no always-on checker reads tokens) and EventBus.emit looks up on_<kind> on "
-    "every observer per event; resolve handlers per kind at subscribe time and build only kinds someone handles",
-    "dispatch-coverage": "DispatchCoverage rebuilds recorder.warm_set (a frozenset over every compile event) "
-    "on each dispatch; freeze it once warmup is done",
+    EVENTS: "the engine builds the dispatch, block-table and KV-write events the always-on checkers read "
+    "(a pool owner lookup for every block id in each table and write), and serving runs under the "
+    "fail_on_recompile stance; one KV-write event per step instead of one per request, and owners looked up "
+    "only for the entries a rule needs, would cut it",
+    "dispatch-coverage": "DispatchCoverage does one frozenset lookup per dispatch; little left to cut",
     "padding-validity": "PaddingValidity walks every block-table entry in Python each step; re-check only "
     "rows that changed (admission, growth, shift or strip)",
-    "graph-reuse": "GraphReuse counts every kernel call and graph hit (one each a layer) in Python dicts; "
-    "read the runner's own counters at the end instead",
+    "graph-reuse": "GraphReuse reads the runners' counters at the start and the end; per step it only keeps "
+    "the last dispatch",
     "ladder-agreement": "LadderAgreement compares ladders once at attach; it costs no step time",
 }
 
