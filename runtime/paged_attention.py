@@ -78,10 +78,12 @@ class PagedAttention:
         if md.bucket.kernel == DECODE:
             # Batched decode off (or one row): one call per running sequence.
             rows = []
+            width = len(md.block_table[0])
             for i in range(s):
+                # stage_decode already put every row on the device; copy row i into place.
                 st.seq_q.copy_(q[i : i + 1])
-                st.seq_table[: len(md.block_table[i])].copy_(torch.tensor(md.block_table[i], dtype=torch.long))
-                st.seq_left_pad.fill_(md.left_pads[i])
+                st.seq_table[:width].copy_(st.block_table[i, :width])
+                st.seq_left_pad.copy_(st.left_pads[i : i + 1])
                 rows.append(run(md.bucket, *args).clone())
             return torch.cat(rows)
         st.q[:s].copy_(q)

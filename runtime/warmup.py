@@ -51,7 +51,3 @@ class WarmupRecorder:
     def warm_set(self) -> frozenset[Bucket]:
         """The buckets warmup compiled (fixed once warmup is done; empty before)."""
         return self._warm
-
-    @property
-    def seconds(self) -> float:
-        return sum(e.seconds for e in self.events)

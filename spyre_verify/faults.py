@@ -60,7 +60,11 @@ def dropped_bucket(plan: list[Bucket]) -> Bucket:
 
 
 def _over_pruned(c: RuntimeConfig) -> Seams:
-    return Seams(warmup_buckets=lambda plan: [b for b in plan if b != dropped_bucket(plan)])
+    def drop(plan: list[Bucket]) -> list[Bucket]:
+        gone = dropped_bucket(plan)
+        return [b for b in plan if b != gone]
+
+    return Seams(warmup_buckets=drop)
 
 
 CATALOG: dict[str, Fault] = {

@@ -23,11 +23,9 @@ def write_atomic(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp makes the file private (0600); a report gets the usual mode instead.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # mkstemp makes the file private (0600); a report gets the usual 0644 instead.
+            os.fchmod(f.fileno(), 0o644)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

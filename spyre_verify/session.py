@@ -137,7 +137,7 @@ def verify(
             result.requests, result.rejected = serve(engine, workload, progress)
     except InvariantViolation as e:
         result.error = f"serving stopped: {e.violations[0]}"
-    except (IndexError, RuntimeError) as e:
+    except (IndexError, RuntimeError, AssertionError) as e:  # a runtime invariant is a finding too
         result.error = f"serving crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     result.serve_seconds = time.perf_counter() - t0
     result.steps = engine.steps

@@ -28,7 +28,7 @@ def seeded_workload(config: RuntimeConfig, requests: int, seed: int = 0) -> list
         p = min(p, max(1, (L - 1) // bs * bs))
         room = L - math.ceil(p / bs) * bs
         if room < 1:
-            p, room = 1, L - bs
+            p, room = 1, max(1, L - bs)  # where nothing fits (L <= bs) the engine rejects it
         mt = rng.choice([1, rng.randint(1, room), room])
         out.append(Arrival(step, tuple(rng.randrange(vocab) for _ in range(p)), max(1, mt)))
     return out

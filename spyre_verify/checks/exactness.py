@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import Bucket, SpyreAttnBucketer
 from spyre_verify.reachable import Dispatches, sample, walk
 from spyre_verify.violations import Checker
 
@@ -26,16 +26,9 @@ class Reachable:
 
 
 def to_buckets(bucketer: SpyreAttnBucketer, d: Dispatches) -> frozenset[Bucket]:
-    """Map raw dispatch shapes onto bucket keys with the bucketer's rounding."""
-    out = {Bucket(PREFILL, (bucketer.prefill_rung(t),)) for t in d.prefill}
-    for seqs, blocks in d.decode:
-        kv = bucketer.kv_rung(blocks)
-        if bucketer.uses_batched(seqs):
-            n = bucketer.seqs_rung(seqs)
-            out.add(Bucket(BATCHED, (n, kv, seqs < n, seqs == n)))
-        else:
-            out.add(Bucket(DECODE, (kv,)))
-    return frozenset(out)
+    """Map raw dispatch shapes onto bucket keys with the bucketer's own rounding."""
+    prefill = {bucketer.prefill_bucket(t) for t in d.prefill}
+    return frozenset(prefill | {bucketer.decode_bucket(seqs, blocks) for seqs, blocks in d.decode})
 
 
 def reachable_buckets(bucketer: SpyreAttnBucketer, budget: int = STATE_BUDGET, seed: int = 0) -> Reachable:

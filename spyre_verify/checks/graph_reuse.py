@@ -72,7 +72,6 @@ class GraphReuse(Checker):
     def attach(self, engine: Any) -> None:
         self.engine = engine
         self.in_control = False
-        self.in_preflight = False
         self.refused = 0  # recompiles the stance refused: they never reach the backend
         self.preflight_hits: Counter[Bucket] = Counter()
         self.graphs: Counter[Bucket] = Counter()
@@ -157,39 +156,34 @@ class GraphReuse(Checker):
         The graph warmup compiled for the bucket must serve the call. This catches a
         layout or a dynamic graph that the workload might never reach.
         """
-        self.in_preflight = True
-        try:
-            for bucket in self.engine.recorder.plan():
-                _, before = self._counters()
-                try:
-                    with torch.compiler.set_stance(STANCE_MARK):
-                        self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
-                except RuntimeError as e:
-                    if not is_stance_error(e):
-                        raise
-                    self.refused += 1
-                    self.flag(
-                        "preflight-recompile",
-                        f"{bucket}: a call on the staging buffers after warmup needs a new graph: "
-                        f"{str(e).splitlines()[0]}",
-                        kernel=bucket.kernel,
-                        bucket=str(bucket),
-                    )
-                    continue
-                _, after = self._counters()
-                served = after - before
-                self.preflight_hits[bucket] += sum(served.values())
-                self._flag_foreign(served)
-                if not served:
-                    self.flag(
-                        "preflight-eager",
-                        f"{bucket}: a call after warmup ran eagerly, no compiled graph served it "
-                        "(recompile_limit fallback?)",
-                        kernel=bucket.kernel,
-                        bucket=str(bucket),
-                    )
-        finally:
-            self.in_preflight = False
+        for bucket in self.engine.recorder.plan():
+            _, before = self._counters()
+            try:
+                with torch.compiler.set_stance(STANCE_MARK):
+                    self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
+            except RuntimeError as e:
+                if not is_stance_error(e):
+                    raise
+                self.refused += 1
+                self.flag(
+                    "preflight-recompile",
+                    f"{bucket}: a call on the staging buffers after warmup needs a new graph: {str(e).splitlines()[0]}",
+                    kernel=bucket.kernel,
+                    bucket=str(bucket),
+                )
+                continue
+            _, after = self._counters()
+            served = after - before
+            self.preflight_hits[bucket] += sum(served.values())
+            self._flag_foreign(served)
+            if not served:
+                self.flag(
+                    "preflight-eager",
+                    f"{bucket}: a call after warmup ran eagerly, no compiled graph served it "
+                    "(recompile_limit fallback?)",
+                    kernel=bucket.kernel,
+                    bucket=str(bucket),
+                )
 
     def run_controls(self) -> list[ControlResult]:
         """Issue the mismatched calls; each must be seen by the stance and by the backend."""

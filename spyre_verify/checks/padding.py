@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.block_pool import NULL_BLOCK
 from runtime.events import BlockTableEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
 from spyre_verify.padding_rules import block_table_problems
@@ -58,7 +59,7 @@ class PaddingValidity(Checker):
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
         for slot, b, owner in zip(ev.slots, ev.blocks, ev.owners, strict=True):
-            if b == 0:
+            if b == NULL_BLOCK:
                 self.flag("null-write", f"step {ev.step}: {ev.request_id} writes slot {slot} in the null block")
             elif owner != ev.request_id:
                 self.flag(
