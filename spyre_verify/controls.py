@@ -65,7 +65,7 @@ def kill_table(
     for name in names or list(faults.CATALOG):
         if progress:
             progress(f"control: {name}")
-        rows.append(kill_row(name, run_fault(config, name, workload, progress)))
+        rows.append(kill_row(name, run_fault(config, name, workload)))
     return rows
 
 
