@@ -40,8 +40,21 @@ def apply_recompile_limit(config: RuntimeConfig, buckets_per_kernel: int) -> Non
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * cfg.recompile_limit)
 
 
+Backend = Callable[..., Any]
+# Wraps the configured backend for one kernel: (kernel name, backend) -> backend. An
+# observer that counts compiles and graph hits on its own installs itself here.
+BackendWrapper = Callable[[str, Backend], Backend]
+
+
 class KernelRunner:
-    def __init__(self, kernel: str, fn: Callable[..., Any], config: RuntimeConfig, events: EventBus) -> None:
+    def __init__(
+        self,
+        kernel: str,
+        fn: Callable[..., Any],
+        config: RuntimeConfig,
+        events: EventBus,
+        wrap_backend: BackendWrapper | None = None,
+    ) -> None:
         self.kernel = kernel
         self.events = events
         self.phase = WARMUP
@@ -53,7 +66,8 @@ class KernelRunner:
         self.graphs: dict[int, Bucket] = {}
         self.compiles: list[CompileEvent] = []
         self._current: Bucket | None = None
-        self._real_backend = lookup_backend(config.backend)
+        backend = lookup_backend(config.backend)
+        self._real_backend = wrap_backend(kernel, backend) if wrap_backend else backend
         self._fn = torch.compile(
             fresh_function(fn),
             backend=self._record,

@@ -11,7 +11,18 @@ import torch
 from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.events import BatchInfo, BlockTableEvent, DispatchEvent, EventBus, KVWriteEvent, RequestEvent, StepEvent
+from runtime.compiler import BackendWrapper
+from runtime.events import (
+    BatchInfo,
+    BlockTableEvent,
+    DispatchEvent,
+    EventBus,
+    KVWriteEvent,
+    RequestEvent,
+    RowState,
+    StateEvent,
+    StepEvent,
+)
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
@@ -36,7 +47,13 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, config: RuntimeConfig, seams: Seams = Seams(), model: TinyTransformer | None = None) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        seams: Seams = Seams(),
+        model: TinyTransformer | None = None,
+        wrap_backend: BackendWrapper | None = None,
+    ) -> None:
         self.config = config
         self.seams = seams
         self.events = EventBus()
@@ -44,7 +61,7 @@ class Engine:
         self.pool = BlockPool(config.total_blocks)
         self.scheduler = Scheduler(config, self.pool)
         self.builder = MetadataBuilder(self.bucketer, seams.builder_kv_ladder, seams.padding_block)
-        self.attention = PagedAttention(config, self.bucketer, self.events, seams.mask_padding)
+        self.attention = PagedAttention(config, self.bucketer, self.events, seams.mask_padding, wrap_backend)
         self.recorder = WarmupRecorder(self.bucketer, self.attention, seams)
         self.model = model or TinyTransformer(config)
         self.steps = 0
@@ -96,8 +113,21 @@ class Engine:
         finished = tuple(r.request_id for r in done)
         if self.events.wants("step"):
             self.events.emit("step", StepEvent(self.steps, kind, bucket, finished))
+        if self.events.wants("state"):
+            self.events.emit("state", self._state(kind, adm.request.request_id if adm else None, finished))
         self.steps += 1
         return StepResult(kind, bucket, finished)
+
+    def _state(self, kind: str, admitted: str | None, finished: tuple[str, ...]) -> StateEvent:
+        sched, pool = self.scheduler, self.pool
+        rows = tuple(
+            RowState(
+                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), pool.reserved(r.request_id)
+            )
+            for r in sched.running
+        )
+        waiting = tuple(r.request_id for r in sched.waiting)
+        return StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, pool.num_free)
 
     # -- model passes ---------------------------------------------------------------------------
     def _run_prefill(self, req: Request, md: PrefillMetadata) -> int:

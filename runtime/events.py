@@ -109,6 +109,32 @@ class StepEvent:
     finished: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class RowState:
+    """One running row after a step, as the scheduler holds it."""
+
+    request_id: str
+    left_pad: int
+    blocks: tuple[int, ...]  # real blocks, in position order
+    num_cached: int
+    generated: int
+    reserved: int  # blocks still promised to it, not yet allocated
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    """The batch after a step (or after an abort): what a contract model is compared with."""
+
+    step: int
+    kind: str  # "prefill", "decode" or "idle"
+    admitted: str | None  # the request this step prefilled
+    tkv: int
+    rows: tuple[RowState, ...]
+    waiting: tuple[str, ...]
+    finished: tuple[str, ...]
+    free_blocks: int
+
+
 class EventBus:
     def __init__(self) -> None:
         self._observers: list[Any] = []

@@ -13,7 +13,7 @@ import torch
 
 from runtime import attention
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
-from runtime.compiler import KernelRunner, apply_recompile_limit
+from runtime.compiler import BackendWrapper, KernelRunner, apply_recompile_limit
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
 from runtime.kv_cache import KVCache, torch_dtype
@@ -43,16 +43,21 @@ class StagingBuffers:
 
 class PagedAttention:
     def __init__(
-        self, config: RuntimeConfig, bucketer: SpyreAttnBucketer, events: EventBus, mask_padding: bool = True
+        self,
+        config: RuntimeConfig,
+        bucketer: SpyreAttnBucketer,
+        events: EventBus,
+        mask_padding: bool = True,
+        wrap_backend: BackendWrapper | None = None,
     ) -> None:
         self.config = config
         self.cache = KVCache(config)
         self.staging = StagingBuffers(config, bucketer.kv_blocks[-1], bucketer.prefill_tokens[-1])
         apply_recompile_limit(config, len(list(bucketer.candidates())))
         self.runners = {
-            DECODE: KernelRunner(DECODE, attention.make_decode(mask_padding), config, events),
-            BATCHED: KernelRunner(BATCHED, attention.make_batched(mask_padding), config, events),
-            PREFILL: KernelRunner(PREFILL, attention.make_prefill(mask_padding), config, events),
+            DECODE: KernelRunner(DECODE, attention.make_decode(mask_padding), config, events, wrap_backend),
+            BATCHED: KernelRunner(BATCHED, attention.make_batched(mask_padding), config, events, wrap_backend),
+            PREFILL: KernelRunner(PREFILL, attention.make_prefill(mask_padding), config, events, wrap_backend),
         }
 
     def serve(self) -> None:

@@ -1,43 +1,21 @@
-"""Warmup exactness: the warm set equals the reachable set, no stall and no waste.
+"""Warmup exactness: what warmup compiled equals the reachable set, no stall and no waste.
 
-The reachable set comes from `spyre_verify.reachable`: an exhaustive walk while the
-state space stays under `STATE_BUDGET` states, random walks above it. A sampled set
-proves what it saw, so above the budget only missing buckets are violations, and
-extra buckets are reported as unconfirmed.
+Warmup's set is taken from the compile events the runtime emitted during warmup (what
+the backend saw), not from the recorder's plan. The reachable set comes from the
+oracle (`spyre_verify.oracle.walk`): an exhaustive walk while the state space stays
+under `STATE_BUDGET` states, random walks above it. A sampled set proves what it saw,
+so above the budget only missing buckets are violations, and extra buckets are
+reported as unconfirmed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from runtime.bucketer import Bucket, SpyreAttnBucketer
-from spyre_verify.reachable import Dispatches, sample, walk
+from runtime.bucketer import Bucket
+from runtime.events import SERVING, CompileEvent
+from spyre_verify.oracle.walk import STATE_BUDGET, reachable
 from spyre_verify.violations import Checker
-
-STATE_BUDGET = 400_000
-
-
-@dataclass(frozen=True)
-class Reachable:
-    buckets: frozenset[Bucket]
-    method: str  # "exhaustive" or "sampled"
-    states: int
-
-
-def to_buckets(bucketer: SpyreAttnBucketer, d: Dispatches) -> frozenset[Bucket]:
-    """Map raw dispatch shapes onto bucket keys with the bucketer's own rounding."""
-    prefill = {bucketer.prefill_bucket(t) for t in d.prefill}
-    return frozenset(prefill | {bucketer.decode_bucket(seqs, blocks) for seqs, blocks in d.decode})
-
-
-def reachable_buckets(bucketer: SpyreAttnBucketer, budget: int = STATE_BUDGET, seed: int = 0) -> Reachable:
-    c = bucketer.config
-    args = (c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks)
-    d = walk(*args, max_states=budget)
-    if d.complete:
-        return Reachable(to_buckets(bucketer, d), "exhaustive", d.states)
-    return Reachable(to_buckets(bucketer, sample(*args, runs=200, seed=seed)), "sampled", d.states)
 
 
 class WarmupExactness(Checker):
@@ -48,9 +26,17 @@ class WarmupExactness(Checker):
         self.budget = budget
         self.stats: dict[str, Any] = {}
 
+    def attach(self, engine: Any) -> None:
+        self.compiled: set[Bucket] = set()
+        super().attach(engine)
+
+    def on_compile(self, ev: CompileEvent) -> None:
+        if ev.phase != SERVING:
+            self.compiled.add(ev.bucket)
+
     def finish(self, engine: Any) -> None:
-        warm = engine.recorder.warm_set
-        reach = reachable_buckets(engine.bucketer, self.budget)
+        warm = frozenset(self.compiled)
+        reach = reachable(engine.config, self.budget)
         missing = sorted(reach.buckets - warm)
         extra = sorted(warm - reach.buckets)
         hit = len(warm & reach.buckets)
@@ -65,13 +51,15 @@ class WarmupExactness(Checker):
             "recall": hit / len(reach.buckets) if reach.buckets else 1.0,
         }
         for b in missing:
+            path = " ".join(map(str, reach.witnesses[b]))
             self.flag(
                 "missing-bucket",
-                f"{b} is reachable but warmup did not compile it: serving would stall on a compile",
+                f"{b} is reachable but warmup did not compile it: serving would stall on a compile "
+                f"(reached from an empty engine by: {path})",
                 kernel=b.kernel,
                 bucket=str(b),
             )
-        if reach.method == "exhaustive":
+        if reach.exhaustive:
             for b in extra:
                 self.flag(
                     "extra-bucket",

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
+from runtime.events import WARMUP, CompileEvent
 from runtime.seams import Seams
 from runtime.warmup import warm_plan
 from spyre_verify.checks.exactness import WarmupExactness
@@ -19,13 +20,17 @@ TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eag
 
 
 def planned(config: RuntimeConfig, seams: Seams = Seams()) -> SimpleNamespace:
-    """An engine stand-in whose warm set is exactly what warmup would compile (no tensors)."""
-    bucketer = SpyreAttnBucketer(config)
-    return SimpleNamespace(bucketer=bucketer, recorder=SimpleNamespace(warm_set=frozenset(warm_plan(bucketer, seams))))
+    """An engine stand-in with the compile events warmup would emit (no tensors)."""
+    plan = warm_plan(SpyreAttnBucketer(config), seams)
+    events = [CompileEvent(b.kernel, b, WARMUP, 0.0, i) for i, b in enumerate(plan)]
+    return SimpleNamespace(config=config, compiles=events)
 
 
-def finished(engine: object, budget: int | None = None) -> WarmupExactness:
+def finished(engine: SimpleNamespace | Engine, budget: int | None = None) -> WarmupExactness:
     checker = WarmupExactness() if budget is None else WarmupExactness(budget=budget)
+    checker.compiled = set()
+    for ev in getattr(engine, "compiles", []):
+        checker.on_compile(ev)
     checker.finish(engine)
     return checker
 
@@ -71,8 +76,10 @@ def test_over_budget_falls_back_to_sampling_and_flags_only_missing() -> None:
 def test_real_warmup_over_pruned_is_flagged() -> None:
     config, seams = CATALOG["over-pruned-warmup"].apply(TINY)
     engine = Engine(config, seams)
+    checker = WarmupExactness()
+    checker.attach(engine)
     engine.warmup()
     dropped = dropped_bucket(warm_plan(engine.bucketer))
-    checker = finished(engine)
+    checker.finish(engine)
     assert [v.bucket for v in checker.violations] == [str(dropped)]
     assert dropped not in engine.recorder.warm_set
