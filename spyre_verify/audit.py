@@ -2,6 +2,11 @@
 drive traffic that dispatches to every reachable bucket, time each warm graph on the
 staging buffers, and prove with control calls that a recompile would have been seen.
 
+"Reachable" is the oracle's walk (`spyre_verify.oracle.walk`), never the bucketer's
+warm set, and the coverage traffic replays the walk's witnesses: a bucketer that
+prunes a reachable bucket fails here as a missed bucket. The bucketer's own pruning
+is carried into the report as the runtime's output, shown but not judged.
+
 Stages, in order: warmup; preflight (one staging-buffer call per bucket under the
 `fail_on_recompile` stance); coverage traffic (compiles, calls and graph hits counted
 from the runtime's events, never aborting); replay timing; controls. Everything is
@@ -14,7 +19,7 @@ import logging
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,8 +29,10 @@ from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import CallEvent, CompileEvent, DispatchEvent, GraphHitEvent
 from runtime.seams import Seams
-from spyre_verify.audit_traffic import Plan, coverage_plan, drive
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
+from spyre_verify.oracle.derive import ladders as expected_ladders
+from spyre_verify.oracle.walk import reachable as walk_reachable
+from spyre_verify.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
 
 Progress = Callable[[str], None]
 WARMUP, PREFLIGHT, TRAFFIC, REPLAY, CONTROLS = "warmup", "preflight", "traffic", "replay", "controls"
@@ -92,7 +99,7 @@ class Traffic:
     scenarios: int = 0  # scenarios that ran to completion
     steps: int = 0
     seconds: float = 0.0
-    plan_misses: list[str] = field(default_factory=list)  # scenarios whose target the engine never dispatched
+    misses: list[str] = field(default_factory=list)  # witnesses the engine did not follow to their target
     crash: str | None = None  # the scenario that raised; the engine is not trusted after it
     not_run: int = 0
 
@@ -102,10 +109,12 @@ class AuditResult:
     config: RuntimeConfig
     fault: str | None
     replays: int
-    ladders: dict[str, tuple[int, ...]]
-    reachable: frozenset[Bucket]
-    pruned: list[Pruned]
-    plan: Plan
+    ladders: dict[str, tuple[int, ...]]  # the runtime's bucketer's, shown
+    expected_ladders: dict[str, tuple[int, ...]]  # the oracle's, from the config
+    reachable: frozenset[Bucket]  # the oracle's walk
+    reachable_method: str  # "exhaustive", or "sampled" above the walk's state budget
+    pruned: list[Pruned]  # the bucketer's pruning with its reasons: shown, not judged
+    scenarios: tuple[Scenario, ...]
     stats: dict[Bucket, BucketStats]
     traffic: Traffic
     controls: list[ControlResult]
@@ -130,22 +139,20 @@ def _preflight(engine: Engine, buckets: list[Bucket], log: AuditLog) -> None:
             log.stats[b].preflight = "recompile" if is_stance_error(e) else f"error: {_first_line(e)}"
 
 
-def _traffic(engine: Engine, plan: Plan, progress: Progress) -> Traffic:
+def _traffic(engine: Engine, scenarios: tuple[Scenario, ...], progress: Progress) -> Traffic:
     out, t0, start = Traffic(), time.perf_counter(), engine.steps
-    limit = 4 * engine.config.max_model_len + 8
-    for i, sc in enumerate(plan.scenarios):
+    limit = step_limit(engine.config)
+    for i, sc in enumerate(scenarios):
         try:
-            seen = drive(engine, sc.arrivals, limit)
-        except Exception as e:  # mid-step: the engine's state is no longer the plan's
+            miss = run_scenario(engine, sc, limit)
+        except Exception as e:  # mid-step: the engine's state is no longer trusted
             out.crash = f"{sc.target} ({sc.witness}): {_first_line(e)}"
-            out.not_run = len(plan.scenarios) - i - 1
+            out.not_run = len(scenarios) - i - 1
             progress(f"traffic: scenario for {sc.target} crashed; {out.not_run} scenarios not run")
             break
         out.scenarios += 1
-        if sc.target not in seen:
-            out.plan_misses.append(
-                f"{sc.target}: planned '{sc.witness}', the engine dispatched {sorted(set(map(str, seen)))}"
-            )
+        if miss is not None:
+            out.misses.append(miss)
     out.steps, out.seconds = engine.steps - start, time.perf_counter() - t0
     return out
 
@@ -171,13 +178,16 @@ def _replay(engine: Engine, buckets: list[Bucket], k: int, log: AuditLog) -> Non
             log.stats[b].replay_error = _first_line(e)
 
 
-def _controls(engine: Engine) -> tuple[list[ControlResult], str | None]:
-    checker = GraphReuse()
+def _controls(engine: Engine, checker: GraphReuse) -> tuple[list[ControlResult], str | None]:
+    """The control calls through the serving path; `checker`'s counter must be the engine's backend wrapper."""
     checker.attach(engine)
     try:
-        return checker.run_controls(), None
+        results = checker.run_controls()
     except Exception as e:  # a control call that breaks is a broken check, not a crash
         return checker.controls, _first_line(e)
+    # The runners' compiles and hits against the harness's own count, over the whole audit.
+    mismatches = [v.message for v in checker.violations if v.kind == "count-mismatch"]
+    return results, ("count-mismatch: " + "; ".join(mismatches)) if mismatches else None
 
 
 def run_audit(
@@ -186,28 +196,31 @@ def run_audit(
     replays: int = 20,
     fault: str | None = None,
     progress: Progress | None = None,
-    plan: Plan | None = None,
+    scenarios: Sequence[Scenario] | None = None,
 ) -> AuditResult:
-    """The whole audit; `plan` replaces the coverage plan (for custom traffic)."""
+    """The whole audit; `scenarios` replaces the walk's coverage traffic (for custom traffic)."""
     say = progress or (lambda _m: None)
     torch._dynamo.reset()  # a fresh compile state: earlier engines in this process share Dynamo's config
     dynamo_log = logging.getLogger("torch._dynamo")
     level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # the audit reports recompiles and fallbacks itself
     try:
-        return _run(config, seams, replays, fault, say, plan if plan is not None else coverage_plan(config))
+        planned = tuple(scenarios) if scenarios is not None else tuple(coverage_scenarios(config))
+        return _run(config, seams, replays, fault, say, planned)
     finally:
         dynamo_log.setLevel(level)
 
 
 def _run(
-    config: RuntimeConfig, seams: Seams, replays: int, fault: str | None, say: Progress, plan: Plan
+    config: RuntimeConfig, seams: Seams, replays: int, fault: str | None, say: Progress, scenarios: tuple[Scenario, ...]
 ) -> AuditResult:
     seconds: dict[str, float] = {}
-    say(f"coverage plan: {len(plan.scenarios)} scenarios, {len(plan.unplanned)} reachable buckets without one")
-    engine, log = Engine(config, seams), AuditLog()
+    found = walk_reachable(config)
+    reachable = found.buckets
+    say(f"reachable ({found.method} walk): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
+    graph = GraphReuse()  # first: the engine compiles through its counting backend
+    engine, log = Engine(config, seams, wrap_backend=graph.counter.wrap), AuditLog()
     engine.subscribe(log)
-    reachable = engine.bucketer.warm_set()
     t0 = time.perf_counter()
     say(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend} on {config.device}")
     engine.warmup(lambda i, n, b: say(f"warmup: {i}/{n} {b}"))
@@ -217,15 +230,15 @@ def _run(
     _preflight(engine, sorted(reachable | set(warmed)), log)
     seconds[PREFLIGHT] = time.perf_counter() - t0
     log.stage = TRAFFIC
-    say(f"traffic: {len(plan.scenarios)} scenarios")
-    traffic = _traffic(engine, plan, say)
+    say(f"traffic: {len(scenarios)} scenarios")
+    traffic = _traffic(engine, scenarios, say)
     seconds[TRAFFIC] = traffic.seconds
     log.stage, t0 = REPLAY, time.perf_counter()
     say(f"replay: {replays} timed calls of each of {len(warmed)} warm graphs")
     _replay(engine, warmed, replays, log)
     seconds[REPLAY] = time.perf_counter() - t0
     log.stage, t0 = CONTROLS, time.perf_counter()
-    controls, controls_error = _controls(engine)
+    controls, controls_error = _controls(engine, graph)
     seconds[CONTROLS] = time.perf_counter() - t0
     stats = dict(log.stats)
     b = engine.bucketer
@@ -234,9 +247,11 @@ def _run(
         fault,
         replays,
         b.ladders(),
+        expected_ladders(config).as_dict(),
         reachable,
+        found.method,
         b.pruned(),
-        plan,
+        scenarios,
         stats,
         traffic,
         controls,

@@ -39,9 +39,21 @@ def _cell(rows: dict[tuple[Any, ...], dict[str, Any]], key: tuple[Any, ...]) -> 
     return r["category"], f"{secs}\n{note}"
 
 
+def _axis(p: dict[str, Any], name: str) -> list[int]:
+    """One axis: the rungs of the runtime's and the contract's ladders, plus any a bucket
+    row uses, so a bucket off either ladder still gets a cell."""
+    rungs = {*p["ladders"].get(name, []), *p.get("expected_ladders", {}).get(name, [])}
+    for b in p["buckets"]:
+        if b["kernel"] == BATCHED:
+            rungs.add(b["key"][0 if name == "num_seqs" else 1])
+        elif b["kernel"] == DECODE and name == "kv_blocks":
+            rungs.add(b["key"][0])
+    return sorted(rungs)
+
+
 def panels(p: dict[str, Any], kernel: str) -> list[Panel]:
     """The grid(s) of one decode kernel; empty when its ladder has no rung."""
-    kv, seqs = p["ladders"]["kv_blocks"], p["ladders"]["num_seqs"]
+    kv, seqs = _axis(p, "kv_blocks"), _axis(p, "num_seqs")
     rows = {tuple(b["key"]): b for b in p["buckets"] if b["kernel"] == kernel}
     if kernel == DECODE:
         return [("per-sequence decode", ["per-seq"], [[_cell(rows, (k,)) for k in kv]])] if kv else []
@@ -62,7 +74,7 @@ def draw(p: dict[str, Any], kernel: str, path: Path) -> Path | None:
     grids = panels(p, kernel)
     if not grids:
         return None
-    kv = p["ladders"]["kv_blocks"]
+    kv = _axis(p, "kv_blocks")
     height = len(grids[0][1])
     fig = Figure(figsize=(max(4.0, 1.3 * len(kv) + 1.5) * len(grids), 1.0 * height + 2.4))
     FigureCanvasAgg(fig)

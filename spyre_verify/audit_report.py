@@ -64,6 +64,7 @@ def payload(result: AuditResult) -> dict[str, Any]:
     config = config_payload(c)
     ladders: dict[str, list[int]] = {"kv_blocks": [], "num_seqs": [], "prefill_tokens": []}
     ladders.update({k: list(v) for k, v in result.ladders.items()})
+    expected = {k: list(v) for k, v in result.expected_ladders.items()}
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "audit",
@@ -72,10 +73,21 @@ def payload(result: AuditResult) -> dict[str, Any]:
         "config": config,
         "environment": environment(c.device, c.backend),
         "ladders": ladders,
+        "expected_ladders": expected,
+        "reachable_method": result.reachable_method,
         "conditions": conditions(result, table_rows),
         "failures": failures(result, table_rows),
         "buckets": [bucket_row(r) for r in table_rows],
-        "pruned": [{"kernel": p.bucket.kernel, "key": list(p.bucket.key), "reason": p.reason} for p in result.pruned],
+        "pruned": [
+            {
+                "kernel": x.bucket.kernel,
+                "key": list(x.bucket.key),
+                "bucket": str(x.bucket),
+                "reason": x.reason,
+                "reachable": x.bucket in result.reachable,
+            }
+            for x in result.pruned
+        ],
         "controls": [
             {
                 "name": x.name,
@@ -88,11 +100,10 @@ def payload(result: AuditResult) -> dict[str, Any]:
         ],
         "controls_error": result.controls_error,
         "traffic": {
-            "scenarios_planned": len(result.plan.scenarios),
+            "scenarios_planned": len(result.scenarios),
             "scenarios_run": t.scenarios,
             "steps": t.steps,
-            "unplanned": [{"bucket": str(b), "reason": why} for b, why in result.plan.unplanned],
-            "plan_misses": t.plan_misses,
+            "misses": t.misses,
             "crash": t.crash,
             "not_run": t.not_run,
         },
@@ -114,8 +125,9 @@ def markdown(p: dict[str, Any]) -> str:
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']} batched_decode={c['batched_decode']}",
         f"Environment: torch {e['torch']}, {e['device']} ({e['device_name']}), backend {e['backend']}",
-        f"Buckets: {tot['reachable']} reachable, {tot['warmed']} warmed in {tot['warmup_compile_seconds']} s, "
-        f"{tot['hit']} hit by their warm graph, {tot['pruned']} pruned. Compiles after warmup: "
+        f"Buckets: {tot['reachable']} reachable ({p['reachable_method']} walk of the contract), {tot['warmed']} "
+        f"warmed in {tot['warmup_compile_seconds']} s, {tot['hit']} hit by their warm graph, {tot['pruned']} pruned "
+        "by the runtime's bucketer. Compiles after warmup: "
         f"{tot['compiles_after_warmup']}. Calls {tot['calls']}, graph hits {tot['graph_hits']}. "
         f"Median replay: {_fmt(tot['replay_median_us'], 'us')} over {p['replays']} calls a bucket.",
         "",
@@ -143,6 +155,16 @@ def markdown(p: dict[str, Any]) -> str:
     ]
     header = ["bucket", "status", "compile", "warm hits/calls", "late compiles", "preflight", "replay median"]
     lines += ["## Buckets", "", table(body, header), ""]
+    if p["pruned"]:
+        body = [[x["bucket"], x["reason"], "YES" if x["reachable"] else "no"] for x in p["pruned"]]
+        lines += [
+            "## Pruned by the runtime's bucketer",
+            "",
+            "The runtime's own reasons, shown, not judged: a pruned bucket the walk reaches fails above as missed.",
+            "",
+            table(body, ["bucket", "bucketer's reason", "walk reaches it"]),
+            "",
+        ]
     if p["controls"]:
         body = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["controls"]]
         lines += ["## Control calls", "", table(body, ["control", "bucket", "seen by backend", "seen by stance"]), ""]

@@ -1,5 +1,8 @@
 """The audit's judgement: one status per bucket, the verdict's conditions, and the
-failures, each a sentence that names the bucket (or the control) it is about."""
+failures, each a sentence that names the bucket (or the control) it is about.
+
+A bucket is reachable when the oracle's walk reaches it (`AuditResult.reachable`);
+what the bucketer planned or pruned is never the yardstick."""
 
 from __future__ import annotations
 
@@ -54,11 +57,11 @@ def judge(bucket: Bucket, st: BucketStats, reachable: bool) -> tuple[str, str]:
     warmed = st.compile_seconds is not None
     if not warmed and not reachable:
         return "unwarmed-dispatch", (
-            f"traffic dispatched here ({st.dispatches} steps), but it is not in the bucketer's warm set and warmup "
-            f"compiled no graph (builder and bucketer disagree?); {_served_how(st)}"
+            f"traffic dispatched here ({st.dispatches} steps), but the walk never reaches it and warmup "
+            f"compiled no graph (the builder rounds off the contract's ladders?); {_served_how(st)}"
         )
     if not warmed:
-        return "missed", f"reachable, but warmup compiled no graph for it; {_served_how(st)}"
+        return "missed", f"reachable by the walk, but warmup compiled no graph for it; {_served_how(st)}"
     if st.late_compiles:
         where = sorted({stage for stage, _ in st.late_compiles})
         secs = sum(s for _, s in st.late_compiles)
@@ -113,8 +116,7 @@ def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
 def failures(result: AuditResult, table: list[Row]) -> list[str]:
     out = [f"{r.bucket}: {r.status}: {r.problem}" for r in table if r.status not in PASSING]
     out += [f"{r.bucket}: replay failed: {r.stats.replay_error}" for r in table if r.stats.replay_error]
-    out += [f"{b}: no coverage plan: {why}" for b, why in result.plan.unplanned]
-    out += [f"{m} (plan and engine disagree)" for m in result.traffic.plan_misses]
+    out += [f"{m} (the engine left the contract)" for m in result.traffic.misses]
     if result.traffic.crash:
         out.append(
             f"traffic crashed in the scenario for {result.traffic.crash}; {result.traffic.not_run} scenarios not run"

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from runtime import attention
+from runtime.bucketer import SpyreAttnBucketer
 from runtime.compiler import fresh_function
 from runtime.config import RuntimeConfig
-from runtime.ladders import kv_blocks_ladder
 from spyre_verify.bench import Figure, Plan, Progress, ratio_figure
 
 
@@ -54,7 +54,7 @@ class TopBucket:
 def top_bucket(config: RuntimeConfig, seed: int = 0) -> TopBucket:
     gen = torch.Generator().manual_seed(seed)
     m, bs, s = config.model, config.block_size, config.max_num_seqs
-    k = kv_blocks_ladder(bs, config.max_model_len, config.kv_buckets)[-1]
+    k = SpyreAttnBucketer(config).kv_blocks[-1]  # the runtime's own top rung: the bench drives it
     shape = (config.total_blocks, bs, m.num_heads, m.head_dim)
     assert config.usable_blocks >= s * k, f"a pool of {config.usable_blocks} blocks cannot hold {s} rows of {k}"
     # Distinct real block ids (never the null block 0), scattered over the pool.

@@ -11,6 +11,7 @@ from spyre_verify.session import RunResult
 
 def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
     graph = result.checker("graph-reuse").summary()
+    coverage = result.checker("dispatch-coverage").summary().get("coverage", {})
     output = result.checker("output-equivalence")
     verdict_ok = result.ok and (rows is None or all(r.caught for r in rows))
     return {
@@ -28,6 +29,7 @@ def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
             "serve_seconds": round(result.serve_seconds, 3),
         },
         "dispatch": result.dispatch,
+        "coverage": {**coverage, "scenarios": result.scenarios, "misses": result.coverage_problems},
         "compiles_after_warmup": graph["compiles_after_warmup"],
         "tokens_match_reference": output.tokens_match,
         "checks": [c.summary() for c in result.checkers],
@@ -39,12 +41,14 @@ def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
 
 def markdown(p: dict[str, Any]) -> str:
     lines = md_title("check", p["verdict"], p["fault"])
-    c, w = p["config"], p["warmup"]
+    c, w, cov = p["config"], p["warmup"], p["coverage"]
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}",
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
         f"Tokens match reference: {p['tokens_match_reference']}.",
+        f"Coverage: served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets "
+        f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload).",
         "",
     ]
     rows = [

@@ -19,6 +19,7 @@ from spyre_verify.audit_heatmap import write_heatmaps
 from spyre_verify.audit_report import markdown, payload
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
+from spyre_verify.errors import UsageError
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 
 # Small enough that the audit takes seconds with aot_eager and a few minutes with inductor on CPU.
@@ -75,7 +76,7 @@ def apply_sizes(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.replays < 1:
-        raise ValueError(f"--replays={args.replays}: must be at least 1")
+        raise UsageError(f"--replays={args.replays}: must be at least 1")
     fault = faults.get(args.fault) if args.fault else None  # a bad name is a usage error before anything runs
     apply_sizes(args)
     config = config_from_args(args)
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"auditing under fault {fault.name}: {fault.description}")
         config, seams = fault.apply(config)
     single_thread()
-    result = run_audit(config, seams, args.replays, args.fault, say)
+    with faults.active(args.fault):  # a fault patched into the runtime's code holds for the whole audit
+        result = run_audit(config, seams, args.replays, args.fault, say)
     p = payload(result)
     name = f"audit-{args.fault}" if args.fault else "audit"
     pngs = write_heatmaps(p, args.out, name)

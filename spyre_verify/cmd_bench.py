@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
 from spyre_verify.bench import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing, run_figures
+from spyre_verify.errors import UsageError
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
 
 
@@ -43,7 +44,7 @@ def say(msg: str) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
-    """Validate every flag before anything runs (a ValueError or ConfigError is exit 2)."""
+    """Validate every flag before anything runs (a UsageError or ConfigError is exit 2)."""
     mode = TINY if args.tiny else QUICK if args.quick else FULL
     if args.backend is not None:
         backend = parse_backend(args.backend, "--backend")
@@ -54,15 +55,15 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     repeats = mode.repeats
     if args.repeats is not None:
         text = str(args.repeats).strip()
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"--repeats={args.repeats!r}: must be an integer >= 1")
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise UsageError(f"--repeats={args.repeats!r}: must be an integer >= 1")
         repeats = int(text)
     only = FIGURES
     if args.only is not None:
         only = tuple(x.strip() for x in str(args.only).split(","))
         bad = [x for x in only if x not in FIGURES]
         if bad or not only:
-            raise ValueError(f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}")
+            raise UsageError(f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}")
     return Plan(mode, backend, repeats, only)
 
 

@@ -13,6 +13,7 @@ from spyre_verify.check_report import markdown, payload
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.controls import kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.errors import UsageError
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 from spyre_verify.session import verify
 from spyre_verify.workload import seeded_workload
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fault is not None:
         faults.get(args.fault)  # a bad name is a usage error before anything runs
     if args.requests < 1:
-        raise ValueError(f"--requests={args.requests}: must be at least 1")
+        raise UsageError(f"--requests={args.requests}: must be at least 1")
     single_thread()
     work = seeded_workload(config, args.requests, args.seed)
     rows = None

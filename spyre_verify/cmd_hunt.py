@@ -1,9 +1,11 @@
 """`spyre-verify hunt`: a property-based ladder divergence hunt, nothing compiled.
 
-Hypothesis searches configs and reachable batch states for any point where the
-builder, the bucketer and warmup disagree, shrinks each finding to its smallest case,
-saves it to the example database (so it replays first next time) and the hunt prints
-a reproducer. Exit 1 on a divergence, 0 on none, 2 on bad input.
+Hypothesis searches configs, env values and reachable batch states for any point where
+the builder, the scheduler, warmup or the config parser depart from the oracle
+(`spyre_verify.oracle`), shrinks each finding to its smallest case, saves it to the
+example database (so it replays first next time) and the hunt prints a reproducer. An
+exception raised by the runtime under test is a finding too. Exit 1 on a finding, 0 on
+none, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import hypothesis
 
 from spyre_verify import faults
+from spyre_verify.errors import UsageError
 from spyre_verify.hunt import PROPERTIES
 from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_workers
 from spyre_verify.profiles import ENV, HUNT, get_settings
@@ -29,7 +32,7 @@ from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
 DEFAULT_DATABASE = Path(".hypothesis") / "hunt"
 # The checkers whose rules the hunt holds without compiling; a fault judged by another
 # (graph reuse, output equivalence) is invisible to it.
-OBSERVES = ("dispatch-coverage", "warmup-exactness", "ladder-agreement", "padding-validity")
+OBSERVES = ("dispatch-coverage", "warmup-exactness", "ladder-agreement", "padding-validity", "contract-conformance")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,16 +54,16 @@ def say(msg: str) -> None:
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str]:
-    """Validate the flags (a ValueError is exit 2) and resolve profile, seed and examples."""
+    """Validate the flags (a UsageError is exit 2) and resolve profile, seed and examples."""
     if args.control is not None:
         faults.get(args.control)
     if args.workers < 1:
-        raise ValueError(f"--workers={args.workers}: must be at least 1")
+        raise UsageError(f"--workers={args.workers}: must be at least 1")
     profile = args.hypothesis_profile or os.environ.get(ENV) or HUNT
     base = get_settings(profile)
     examples = base.max_examples if args.examples is None else args.examples
     if examples < 1:
-        raise ValueError(f"--examples={examples}: must be at least 1")
+        raise UsageError(f"--examples={examples}: must be at least 1")
     seed, source = args.seed, "given"
     if seed is None and base.derandomize:
         seed, source = (
@@ -153,27 +156,25 @@ def run(args: argparse.Namespace) -> int:
     return 1 if p["findings"] else 0
 
 
+SHOWN = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "total_blocks", "kv_buckets", "batched_decode")
+
+
 def _describe(f: dict[str, Any]) -> str:
     """The terminal lines of a finding, from its report entry."""
     lines = [f"[{f['property']}/{f['kind']}] {f['message']}"]
     c = f["config"]
-    env = " ".join(f"{k}={v}" for k, v in c["env_overrides"].items())
-    shown = (
-        "block_size",
-        "max_model_len",
-        "max_num_seqs",
-        "num_blocks",
-        "total_blocks",
-        "kv_buckets",
-        "batched_decode",
-    )
-    lines.append(f"  config: {' '.join(f'{k}={c[k]}' for k in shown)}  env: {env or '-'}")
-    for key in ("events", "batch_state", "witness", "warm_ladder", "cold_kv_rungs"):
+    if c is not None:
+        env = " ".join(f"{k}={v}" for k, v in c["env_overrides"].items())
+        lines.append(f"  config: {' '.join(f'{k}={c[k]}' for k in SHOWN)}  env: {env or '-'}")
+    keys = ("kwargs", "env", "events", "batch_state", "shape", "witness", "expected", "warm_ladder", "cold_kv_rungs")
+    for key in keys:
         if f.get(key) is not None:
             value = f[key]
             if key == "warm_ladder":
                 value = {k: v for k, v in value.items() if k != "buckets"}
             lines.append(f"  {key}: {json.dumps(value) if not isinstance(value, str) else value}")
-    lines.append(f"  reproduce: {f['reproducer']}")
-    lines.append(f"  pytest:    {f['pytest']}")
+    if f["reproducer"]:
+        lines.append(f"  reproduce: {f['reproducer']}")
+    if f["pytest"]:
+        lines.append(f"  pytest:    {f['pytest']}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from runtime.seams import Seams
 from spyre_verify import faults
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
+from spyre_verify.errors import UsageError
 from spyre_verify.report import (
     DEFAULT_DIR,
     SCHEMA_VERSION,
@@ -55,15 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this 
 
 
 def options(args: argparse.Namespace) -> SoakOptions:
-    """Validate the soak's own flags; a bad value is a ValueError (exit 2)."""
+    """Validate the soak's own flags; a bad value is a UsageError (exit 2)."""
     if not 1 <= args.requests <= MAX_REQUESTS:
-        raise ValueError(f"--requests={args.requests}: must be between 1 and {MAX_REQUESTS}")
+        raise UsageError(f"--requests={args.requests}: must be between 1 and {MAX_REQUESTS}")
     if args.sample < 0:
-        raise ValueError(f"--sample={args.sample}: must be 0 or more")
+        raise UsageError(f"--sample={args.sample}: must be 0 or more")
     if args.integrity_every < 1:
-        raise ValueError(f"--integrity-every={args.integrity_every}: must be at least 1")
+        raise UsageError(f"--integrity-every={args.integrity_every}: must be at least 1")
     if not math.isfinite(args.time_limit) or args.time_limit <= 0:
-        raise ValueError(f"--time-limit={args.time_limit}: must be a positive number of seconds")
+        raise UsageError(f"--time-limit={args.time_limit}: must be a positive number of seconds")
     if args.fault is not None:
         faults.get(args.fault)
     return SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         config, seams = faults.get(opts.fault).apply(config)
         say(f"running under fault {opts.fault}: {faults.get(opts.fault).description}")
     single_thread()
-    result = soak(config, opts, seams, progress=say)
+    with faults.active(opts.fault):  # a fault patched into the runtime's code holds for the whole soak
+        result = soak(config, opts, seams, progress=say)
     p = payload(result)
     name = f"soak-{opts.fault}" if opts.fault else "soak"
     write_json(args.out / f"{name}.json", p)

@@ -41,7 +41,8 @@ def run_fault(
     level, limit = dynamo_log.level, torch._dynamo.config.recompile_limit
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
     try:
-        return verify(cfg, seams, workload, fault=name, progress=progress)
+        with fault.active():  # a fault patched into the runtime's code holds for the whole run
+            return verify(cfg, seams, workload, fault=name, progress=progress)
     finally:
         dynamo_log.setLevel(level)
         torch._dynamo.config.recompile_limit = limit  # a fault's low limit must not outlive it

@@ -1,20 +1,28 @@
-"""The fault catalog: historical bucketing bugs replayed through the runtime's seams.
+"""The fault catalog: historical bucketing bugs replayed in the runtime.
 
-Each fault changes a config knob or a `runtime.seams.Seams` field, never a file,
-and names the checker that must catch it. `spyre-verify controls` proves each one
-is caught; a checker whose fault slips through is itself broken.
+Most faults change a config knob or a `runtime.seams.Seams` field; a few are patched
+into the runtime's own code for the length of a run (`Fault.patch`), the way a
+developer would write the bug, so no seam can give them away. Each names the checker
+that must catch it. `spyre-verify controls` proves each one is caught; a checker
+whose fault slips through is itself broken.
+
+Whoever runs a fault: `config, seams = fault.apply(config)`, then run inside
+`with fault.active():`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.ladders import powers_of_two_up_to
+from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
 from runtime.seams import Seams
+from spyre_verify.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -25,14 +33,51 @@ class Fault:
     seams: Callable[[RuntimeConfig], Seams]
     # Makes the fault observable on a config that would hide it (e.g. adds a KV override).
     configure: Callable[[RuntimeConfig], RuntimeConfig] = lambda c: c
+    # Patches the runtime's code while entered; None: the fault lives in seams and config only.
+    patch: Callable[[], AbstractContextManager[None]] | None = None
 
     def apply(self, config: RuntimeConfig) -> tuple[RuntimeConfig, Seams]:
         config = self.configure(config)
         return config, self.seams(config)
 
+    def active(self) -> AbstractContextManager[None]:
+        """The runtime as this fault has it, for the length of a `with` block."""
+        return self.patch() if self.patch is not None else contextlib.nullcontext()
+
+
+def power_of_two_ladder(top: int) -> tuple[int, ...]:
+    """1, 2, 4 ... below `top`, then `top`: the historical builder's private KV ladder."""
+    out, r = [], 1
+    while r < top:
+        out.append(r)
+        r *= 2
+    return (*out, top)
+
+
+@contextlib.contextmanager
+def inline_builder_ladder() -> Iterator[None]:
+    """`MetadataBuilder.build_decode` rounding the KV dimension inline, as the bug was written:
+    needed blocks up to the next power of two (capped at a whole sequence), never asking
+    the bucketer. Its `kv_ladder` attribute still reports the bucketer's ladder."""
+    original = MetadataBuilder.build_decode
+
+    def build_decode(self: MetadataBuilder, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
+        md = original(self, seqs, tkv)
+        need = tkv // self.block_size + 1
+        kv = min(1 << (need - 1).bit_length(), self.bucketer.config.max_blocks_per_seq)
+        key = (md.bucket.key[0], kv, *md.bucket.key[2:]) if md.bucket.kernel == BATCHED else (kv,)
+        rows = [self.row(s, kv) for s in seqs] + [(self.padding_block,) * kv] * (md.padded_seqs - len(seqs))
+        return replace(md, bucket=Bucket(md.bucket.kernel, key), block_table=tuple(rows))
+
+    MetadataBuilder.build_decode = build_decode  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MetadataBuilder.build_decode = original  # type: ignore[method-assign]
+
 
 def _own_ladder(c: RuntimeConfig) -> Seams:
-    return Seams(builder_kv_ladder=powers_of_two_up_to(c.max_blocks_per_seq))
+    return Seams(builder_kv_ladder=power_of_two_ladder(c.max_blocks_per_seq))
 
 
 def _sparse_override(c: RuntimeConfig) -> RuntimeConfig:
@@ -50,13 +95,14 @@ def _unpruned(c: RuntimeConfig) -> Seams:
     return Seams(warmup_buckets=lambda plan: plan + pruned)
 
 
-def dropped_bucket(plan: list[Bucket]) -> Bucket:
-    """The bucket over-pruned warmup drops: the largest batched one, else the largest decode."""
+def dropped_bucket(plan: list[Bucket]) -> Bucket | None:
+    """The bucket over-pruned warmup drops: the largest batched one, else the largest decode,
+    else the largest prefill; None for an empty plan (nothing to drop)."""
     for kernel in (BATCHED, DECODE, PREFILL):
-        for b in plan:
-            if b.kernel == kernel:
-                return b
-    raise ValueError("empty warmup plan")
+        mine = [b for b in plan if b.kernel == kernel]
+        if mine:
+            return max(mine)
+    return None
 
 
 def _over_pruned(c: RuntimeConfig) -> Seams:
@@ -76,6 +122,14 @@ CATALOG: dict[str, Fault] = {
             "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
             _own_ladder,
             _sparse_override,
+        ),
+        Fault(
+            "inline-builder-ladder",
+            "ladder-agreement",
+            "the builder's decode rounding uses an inline power-of-two KV ladder of its own, not the bucketer's",
+            lambda c: Seams(),
+            _sparse_override,
+            inline_builder_ladder,
         ),
         Fault(
             "lazy-batched-kernel",
@@ -105,7 +159,7 @@ CATALOG: dict[str, Fault] = {
         Fault(
             "over-pruned-warmup",
             "warmup-exactness",
-            "pruning drops a reachable bucket (the largest batched one)",
+            "pruning drops a reachable bucket (the largest batched one, else the largest decode, else prefill)",
             _over_pruned,
         ),
         Fault(
@@ -140,8 +194,13 @@ def from_env() -> str | None:
     return os.environ.get(FAULT_ENV) or None
 
 
+def active(name: str | None) -> AbstractContextManager[None]:
+    """The runtime as the named fault has it (`Fault.active`); nothing for None (a clean run)."""
+    return get(name).active() if name is not None else contextlib.nullcontext()
+
+
 def get(name: str) -> Fault:
-    """Look a fault up by name; a bad name is a ValueError listing the catalog."""
+    """Look a fault up by name; a bad name is a UsageError listing the catalog."""
     if name not in CATALOG:
-        raise ValueError(f"unknown fault {name!r}; choose one of: {', '.join(CATALOG)}")
+        raise UsageError(f"unknown fault {name!r}; choose one of: {', '.join(CATALOG)}")
     return CATALOG[name]

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from spyre_verify.hunt import PROPERTIES
-from spyre_verify.hunt_findings import Finding
+from spyre_verify.hunt_findings import Finding, crash, from_runtime
 from spyre_verify.profiles import get_settings
 
 Say = Callable[[str], None]
@@ -86,10 +86,10 @@ def error_for(finding: Finding) -> Divergence:
     return cls(finding)
 
 
-def _divergences(e: BaseException) -> list[Divergence]:
-    if isinstance(e, Divergence):
-        return [e]
-    return [d for sub in getattr(e, "exceptions", ()) for d in _divergences(sub)]
+def _leaves(e: BaseException) -> list[BaseException]:
+    """The exceptions Hypothesis found: one, or the leaves of its group of distinct bugs."""
+    subs = getattr(e, "exceptions", None)
+    return [x for sub in subs for x in _leaves(sub)] if subs else [e]
 
 
 def hunt_settings(plan: HuntPlan) -> settings:
@@ -134,10 +134,15 @@ def run_property(name: str, plan: HuntPlan, say: Say | None = None) -> PropertyR
     try:
         test()
     except Exception as e:
-        found = _divergences(e)
-        if not found:
+        leaves = _leaves(e)
+        # A property body turns the runtime's exceptions into findings itself; one that
+        # escapes was raised while a case was drawn (say, a valid config refused). Anything
+        # the harness raised is an internal error, not a finding.
+        if not all(isinstance(x, Divergence) or from_runtime(x) for x in leaves):
             raise
-        run.findings = [d.finding.to_dict() for d in found]
+        run.findings = [
+            (x.finding if isinstance(x, Divergence) else crash(name, None, plan.fault, x)).to_dict() for x in leaves
+        ]
     run.seconds = time.perf_counter() - start
     run.cpu_seconds = time.process_time() - cpu
     return run

@@ -16,6 +16,8 @@ import os
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
+from spyre_verify.errors import UsageError
+
 ENV = "HYPOTHESIS_PROFILE"
 CI, DEV, HUNT = "ci", "dev", "hunt"
 DEFAULT = DEV
@@ -53,13 +55,13 @@ def resolve(name: str | None) -> str:
 
 
 def get_settings(name: str | None = None) -> settings:
-    """A profile's settings without loading it globally; an unknown name is a ValueError."""
+    """A profile's settings without loading it globally; an unknown name is a UsageError."""
     register()
     chosen = resolve(name)
     try:
         return settings.get_profile(chosen)
     except InvalidArgument:
-        raise ValueError(f"unknown Hypothesis profile {chosen!r}; choose one of {', '.join(PROFILES)}") from None
+        raise UsageError(f"unknown Hypothesis profile {chosen!r}; choose one of {', '.join(PROFILES)}") from None
 
 
 def load_profile(name: str | None = None) -> str:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 # torch and the runtime are imported inside the hooks and fixtures that need them, so
 # collecting a suite (or running one shard of it) does not pay for importing torch.
-STANCE_MARK = "fail_on_recompile"
 
 MARKERS = {
     "inductor": "compiles with inductor (about 5 s a graph on CPU)",
@@ -127,10 +126,12 @@ def spyre_config(request: pytest.FixtureRequest) -> RuntimeConfig:
 def spyre_engine(spyre_config: RuntimeConfig) -> Iterator[Engine]:
     """A warmed engine with every always-on checker attached in strict mode."""
     from runtime.engine import Engine
+    from spyre_verify.checks.graph_reuse import counting_wrapper
     from spyre_verify.session import always_on
 
-    engine = Engine(spyre_config)
     checkers = always_on(strict=True)
+    # Graph-reuse counts compiles and hits through its own backend wrapper as well as the runners'.
+    engine = Engine(spyre_config, wrap_backend=counting_wrapper(checkers))
     for c in checkers:
         c.attach(engine)
     engine.warmup()
@@ -157,46 +158,51 @@ class _Compiles:
         self.events.append(ev)
 
 
-def _control_detected() -> bool:
-    """The audit's own control: a fresh shape under the stance must be refused."""
-    import torch
+def _control_detected(engine: Engine) -> bool:
+    """The audit's own control: a size `engine` has no graph for, called through its serving
+    entry point under the audit's stance, must be refused."""
+    from spyre_verify.checks import graph_reuse
+    from spyre_verify.checks.control_calls import control_scope, fresh_size_control
 
-    from spyre_verify.checks.graph_reuse import is_stance_error
-
-    fn = torch.compile(lambda x: x + 1, backend="eager", dynamic=False)
-    fn(torch.zeros(2))
+    control = fresh_size_control(engine)
+    if control is None:
+        pytest.fail("graph_audit is broken: every control size already has a graph on this engine")
     try:
-        with torch.compiler.set_stance(STANCE_MARK):
-            fn(torch.zeros(3))
+        with control_scope(), graph_reuse.serving_stance():
+            control.call()
     except RuntimeError as e:
-        return is_stance_error(e)
+        return graph_reuse.is_stance_error(e)
     return False
 
 
 @pytest.fixture
-def graph_audit() -> Callable[..., AbstractContextManager[None]]:
-    """`with graph_audit(engine):` fails the test on any compile inside the block."""
+def graph_audit(request: pytest.FixtureRequest) -> Callable[..., AbstractContextManager[None]]:
+    """`with graph_audit(engine):` fails the test on any compile inside the block.
 
-    import torch
+    Before the block, a control call on `engine` (default: the `spyre_engine` fixture's)
+    goes through its serving entry point under the same stance the block runs under;
+    if that stance does not refuse it, the audit itself is broken and the test fails.
+    """
 
+    from spyre_verify.checks import graph_reuse
     from spyre_verify.checks.graph_reuse import is_stance_error
 
     @contextmanager
     def audit(engine: Engine | None = None) -> Iterator[None]:
-        if not _control_detected():
-            pytest.fail("graph_audit is broken: its control recompile was not detected")
+        target = engine if engine is not None else request.getfixturevalue("spyre_engine")
+        if not _control_detected(target):
+            pytest.fail("graph_audit is broken: its control call through the engine's serving path was not refused")
         seen = _Compiles()
-        detach = engine.subscribe(seen) if engine is not None else None
+        detach = target.subscribe(seen)
         try:
-            with torch.compiler.set_stance(STANCE_MARK):
+            with graph_reuse.serving_stance():
                 yield
         except RuntimeError as e:
             if is_stance_error(e):
                 pytest.fail(f"graph_audit: a graph compiled inside the audited block: {str(e).splitlines()[0]}")
             raise
         finally:
-            if detach:
-                detach()
+            detach()
         if seen.events:
             pytest.fail(f"graph_audit: {len(seen.events)} compiles inside the audited block: {seen.events[0].bucket}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +16,15 @@ from runtime.engine import Engine
 from runtime.errors import RequestError
 from runtime.events import DispatchEvent
 from runtime.seams import Seams
+from spyre_verify.checks.conformance import ContractConformance
+from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.checks.exactness import WarmupExactness
-from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, seeded_workload
 
@@ -35,11 +38,17 @@ def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]
         PaddingValidity(strict, kv_integrity=kv_integrity),
         GraphReuse(strict),
         LadderAgreement(strict),
+        ContractConformance(strict),
     ]
 
 
 def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample: int | None = None) -> list[Checker]:
-    return [*always_on(strict, kv_integrity), WarmupExactness(strict), OutputEquivalence(strict, sample=output_sample)]
+    return [
+        *always_on(strict, kv_integrity),
+        WarmupExactness(strict),
+        OutputEquivalence(strict, sample=output_sample),
+        RuntimeCrash(),
+    ]
 
 
 class DispatchLog:
@@ -67,6 +76,8 @@ class RunResult:
     requests: int = 0
     rejected: int = 0
     steps: int = 0
+    scenarios: int = 0  # coverage scenarios driven after the workload
+    coverage_problems: list[str] = field(default_factory=list)  # scenarios the runtime did not follow
     error: str | None = None
 
     def checker(self, name: str) -> Any:
@@ -81,17 +92,26 @@ class RunResult:
         return not self.violations and self.error is None
 
 
-def serve(engine: Engine, workload: list[Arrival], progress: Progress | None = None) -> tuple[int, int]:
-    """Feed arrivals in before their step and run to completion; returns (admitted, rejected)."""
+def serve(
+    engine: Engine, workload: list[Arrival], progress: Progress | None = None, observers: Sequence[Any] = ()
+) -> tuple[int, int]:
+    """Feed arrivals in before their step and run to completion; returns (admitted, rejected).
+
+    A rejected request is shown to every observer with an `on_rejected` method, so a
+    contract model can judge the refusal.
+    """
     pending, admitted, rejected = list(workload), 0, 0
+    judges = [o for o in observers if hasattr(o, "on_rejected")]
     while pending or engine.has_work():
         while pending and pending[0].step <= engine.steps:
             a = pending.pop(0)
             try:
                 engine.add_request(list(a.prompt), a.max_tokens)
                 admitted += 1
-            except RequestError:
+            except RequestError as e:
                 rejected += 1
+                for j in judges:
+                    j.on_rejected(a.prompt, a.max_tokens, str(e))
         if engine.has_work():
             engine.step()
             if progress and engine.steps % 50 == 0:
@@ -102,6 +122,16 @@ def serve(engine: Engine, workload: list[Arrival], progress: Progress | None = N
     return admitted, rejected
 
 
+def cover(engine: Engine, progress: Progress | None = None) -> tuple[int, list[str]]:
+    """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses)."""
+    scenarios = coverage_scenarios(engine.config)
+    if progress:
+        progress(f"coverage: {len(scenarios)} scenarios, one per reachable bucket")
+    limit = step_limit(engine.config)
+    misses = [m for sc in scenarios if (m := run_scenario(engine, sc, limit)) is not None]
+    return len(scenarios), misses
+
+
 def verify(
     config: RuntimeConfig,
     seams: Seams = Seams(),
@@ -110,42 +140,67 @@ def verify(
     controls: bool = True,
     fault: str | None = None,
     progress: Progress | None = None,
+    coverage: bool = True,
 ) -> RunResult:
-    engine = Engine(config, seams)
+    """Warm up, serve the workload (then coverage traffic) under the stance, finish every check.
+
+    A crash of the runtime at any stage is a `runtime-crash` violation naming the stage
+    and the batch; the run still finishes its checks and returns a result.
+    """
     checkers = checkers if checkers is not None else all_checkers()
+    crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
+    if crash is None:
+        crash = RuntimeCrash()
+        checkers = [*checkers, crash]
+    graph = next((c for c in checkers if isinstance(c, GraphReuse)), None)
+    dispatch = next((c for c in checkers if isinstance(c, DispatchCoverage)), None)
+    if dispatch is not None and coverage:
+        dispatch.require_coverage = True
     result = RunResult(config, fault, checkers)
+    engine = Engine(config, seams, wrap_backend=counting_wrapper(checkers))
     log = DispatchLog()
     engine.subscribe(log)
     for c in checkers:
         c.attach(engine)
-    graph = next((c for c in checkers if isinstance(c, GraphReuse)), None)
-    t0 = time.perf_counter()
-    if progress:
-        progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
-    engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
-    result.warmup_graphs = len(engine.recorder.events)
-    result.warmup_seconds = time.perf_counter() - t0
-    if graph is not None:
-        graph.preflight()
-    workload = workload if workload is not None else seeded_workload(config, 40)
+    stage = "warmup"
     t0 = time.perf_counter()
     try:
+        if progress:
+            progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+        engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
+        result.warmup_graphs = len(engine.recorder.events)
+        result.warmup_seconds = time.perf_counter() - t0
         if graph is not None:
-            with graph.guard():
-                result.requests, result.rejected = serve(engine, workload, progress)
-        else:
-            result.requests, result.rejected = serve(engine, workload, progress)
+            stage = "preflight"
+            graph.preflight()
+        stage = "serving"
+        workload = workload if workload is not None else seeded_workload(config, 40)
+        t0 = time.perf_counter()
+        with graph.guard() if graph is not None else contextlib.nullcontext():
+            result.requests, result.rejected = serve(engine, workload, progress, checkers)
+            if coverage:
+                stage = "coverage traffic"
+                result.scenarios, result.coverage_problems = cover(engine, progress)
     except InvariantViolation as e:
-        result.error = f"serving stopped: {e.violations[0]}"
-    except (IndexError, RuntimeError, AssertionError) as e:  # a runtime invariant is a finding too
-        result.error = f"serving crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        result.error = f"{stage} stopped: {e.violations[0]}"
+    except Exception as e:  # the runtime under test raised: a finding, not a traceback
+        crash.record(stage, e)
+        result.error = f"{stage} crashed: {first_line(e)}"
     result.serve_seconds = time.perf_counter() - t0
     result.steps = engine.steps
     result.dispatch = {str(b): n for b, n in sorted(log.counts().items())}
     for c in checkers:
-        with contextlib.suppress(InvariantViolation):
+        try:
             c.finish(engine)
+        except InvariantViolation:
+            pass
+        except Exception as e:
+            crash.record(f"the {c.name} check's end-of-run inspection", e)
     if controls and graph is not None:
-        with contextlib.suppress(InvariantViolation):
+        try:
             graph.run_controls()
+        except InvariantViolation:
+            pass
+        except Exception as e:
+            crash.record("the control calls", e)
     return result

@@ -22,7 +22,9 @@ from runtime.engine import Engine
 from runtime.errors import RequestError
 from runtime.events import DispatchEvent, RequestEvent, StepEvent
 from runtime.seams import Seams
-from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.conformance import ContractConformance
+from spyre_verify.checks.crash import RuntimeCrash, first_line
+from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.session import always_on
@@ -143,7 +145,8 @@ def arrivals(config: RuntimeConfig, opts: SoakOptions) -> list[Arrival]:
 def checkers_for(integrity_every: int) -> list[Checker]:
     """Every always-on checker, with padding validity also proving KV integrity every K steps."""
     padding = PaddingValidity(kv_integrity=True, integrity_every=integrity_every)
-    return [padding if isinstance(c, PaddingValidity) else c for c in always_on()] + [OutputEquivalence(sample=0)]
+    checked = [padding if isinstance(c, PaddingValidity) else c for c in always_on()]
+    return [*checked, OutputEquivalence(sample=0), RuntimeCrash()]
 
 
 def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: float, progress: Progress | None) -> None:
@@ -161,8 +164,11 @@ def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: flo
             result.submitted += 1
             try:
                 engine.add_request(list(a.prompt), a.max_tokens)
-            except RequestError:
+            except RequestError as e:
                 result.rejected += 1
+                for c in result.checkers:  # the contract model judges every refusal
+                    if isinstance(c, ContractConformance):
+                        c.on_rejected(a.prompt, a.max_tokens, str(e))
         result.max_waiting = max(result.max_waiting, len(sched.waiting))
         if engine.has_work():
             engine.step()
@@ -203,8 +209,9 @@ def compare_sample(engine: Engine, result: SoakResult, output: OutputEquivalence
 def soak(
     config: RuntimeConfig, opts: SoakOptions, seams: Seams = Seams(), progress: Progress | None = None
 ) -> SoakResult:
-    engine = Engine(config, seams)
     checkers = checkers_for(opts.integrity_every)
+    crash = next(c for c in checkers if isinstance(c, RuntimeCrash))
+    engine = Engine(config, seams, wrap_backend=counting_wrapper(checkers))
     result = SoakResult(config, opts, checkers, Tracker())
     engine.subscribe(result.tracker)
     for c in checkers:
@@ -221,8 +228,9 @@ def soak(
             drive(engine, arrivals(config, opts), result, time.monotonic() + opts.time_limit, progress)
     except InvariantViolation as e:
         result.error = f"serving stopped: {e.violations[0]}"
-    except (AssertionError, IndexError, RuntimeError) as e:
-        result.error = f"serving crashed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    except Exception as e:  # the runtime under test raised: a finding with the batch it served
+        crash.record("serving", e)
+        result.error = f"serving crashed: {first_line(e)}"
     result.serve_seconds = time.perf_counter() - t0
     result.steps = engine.steps
     for c in checkers:

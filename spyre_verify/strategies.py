@@ -1,38 +1,46 @@
 """Public Hypothesis strategies for bucketing properties: configs, reachable batch states, workloads.
 
-Write your own property with them::
+Write your own property with them; take expected answers from `spyre_verify.oracle`,
+never from the bucketer you are testing::
 
     from hypothesis import given, strategies as st
     from runtime.bucketer import SpyreAttnBucketer
     from runtime.metadata import MetadataBuilder
+    from spyre_verify.oracle.derive import decode_key, ladders
     from spyre_verify.strategies import batch_states, configs
 
     @given(st.data())
-    def test_decode_stays_warm(data):
+    def test_decode_keys(data):
         config = data.draw(configs())
         state = data.draw(batch_states(config))
-        bucketer = SpyreAttnBucketer(config)
+        builder = MetadataBuilder(SpyreAttnBucketer(config))
         for point in state.points:
             if point.kind == "decode":
-                md = MetadataBuilder(bucketer).build_decode(list(point.seqs), point.tkv)
-                assert md.bucket in bucketer.warm_set()
+                md = builder.build_decode(list(point.seqs), point.tkv)
+                assert md.bucket == decode_key(ladders(config), len(point.seqs), point.tkv)
 
-Every config is valid (`RuntimeConfig` validates it, env overrides included). Every
-batch state is reached from an empty engine by driving the real `Scheduler` and
-`BlockPool` through add/step events, without tensors. Every workload request fits
-`max_model_len`. Everything shrinks toward small configs and short traces.
+Every config is valid (`RuntimeConfig` validates it, env overrides included); the
+pool is often at a boundary (the legal minimum, or exactly k whole sequences, or
+one block either side). Every batch state is reached from an empty engine by driving
+the real `Scheduler` and `BlockPool` through add/step events, without tensors;
+requests are often short so that up to `max_num_seqs` run at once. Every workload
+request fits `max_model_len`. Everything shrinks toward small configs and short traces.
+`spyre_verify.hunt_config.raw_configs` draws possibly invalid config input instead.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from hypothesis import strategies as st
 
 from runtime.block_pool import BlockPool
 from runtime.config import ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.errors import ConfigError, RequestError
 from runtime.metadata import SeqState
 from runtime.scheduler import Scheduler
 from spyre_verify.workload import Arrival
@@ -41,20 +49,22 @@ BLOCK_SIZES = (1, 2, 4, 8, 16)
 
 
 # -- configs --------------------------------------------------------------------------------
-# Hypothesis validates every new strategy object; the strategies below draw only cached
-# primitives (st.integers and friends are memoised by their arguments) so that a
-# config-dependent draw costs no construction, which keeps hunts at hundreds of examples/s.
+# Hypothesis validates every new strategy object, and even its memo of st.integers(a, b)
+# costs ~20 us a lookup; the strategies below draw only primitives from a plain memo, so
+# a config-dependent draw costs no construction: hunts run at hundreds of examples/s.
+ints: Callable[[int, int], st.SearchStrategy[int]] = functools.cache(st.integers)
+BOOLS = st.booleans()
 
 
 def draw_kv_override(draw: st.DrawFn, block_size: int, max_model_len: int) -> str:
     top = math.ceil(max_model_len / block_size)
     rungs: list[int] = []
     # One draw per lower rung, 0 ends the list; the top rung lands at a drawn position.
-    while top > 1 and len(rungs) < 6 and (r := draw(st.integers(0, top - 1))):
+    while top > 1 and len(rungs) < 6 and (r := draw(ints(0, top - 1))):
         if r not in rungs:
             rungs.append(r)
-    rungs.insert(draw(st.integers(0, len(rungs))), top)
-    sep = ", " if draw(st.booleans()) else ","
+    rungs.insert(draw(ints(0, len(rungs))), top)
+    sep = ", " if draw(BOOLS) else ","
     return sep.join(str(r * block_size) for r in rungs)
 
 
@@ -68,46 +78,61 @@ def kv_bucket_overrides(draw: st.DrawFn, block_size: int, max_model_len: int) ->
 def draw_pool(draw: st.DrawFn, block_size: int, max_model_len: int, max_num_seqs: int) -> int | None:
     per_seq = math.ceil(max_model_len / block_size)
     tightest, default = per_seq + 1, max_num_seqs * per_seq + 1
-    choice = draw(st.integers(0, 2))  # shrinks toward the default pool
-    return None if choice == 0 else tightest if choice == 1 else draw(st.integers(tightest, default + 2))
+    choice = draw(ints(0, 3))  # shrinks toward the default pool
+    if choice == 0:
+        return None
+    if choice == 1:
+        return tightest
+    if choice == 2:  # a boundary: exactly k whole sequences plus the null block, or one block either side
+        k = draw(ints(1, max_num_seqs))
+        return max(tightest, k * per_seq + 1 + draw(ints(-1, 1)))
+    return draw(ints(tightest, default + 2))
 
 
 @st.composite
 def pool_overrides(draw: st.DrawFn, block_size: int, max_model_len: int, max_num_seqs: int) -> int | None:
-    """A `num_blocks` override (null block included), or None for the default pool. The
-    tightest legal pool (one max_model_len request plus the null block) is drawn often."""
+    """A `num_blocks` override (null block included), or None for the default pool. Pools at
+    a boundary (the legal minimum, exactly k whole sequences, one block either side) are drawn often."""
     return draw_pool(draw, block_size, max_model_len, max_num_seqs)
 
 
-@st.composite
-def configs(
+def draw_config(
     draw: st.DrawFn,
     *,
     block_sizes: tuple[int, ...] = BLOCK_SIZES,
     max_model_len: tuple[int, int] = (1, 64),
-    max_num_seqs: tuple[int, int] = (1, 6),
+    max_num_seqs: tuple[int, int] = (1, 8),
     kv_overrides: bool = True,
     pool_override: bool = True,
     batched_decode: bool | None = None,
+    serving: bool = False,
 ) -> RuntimeConfig:
     """Valid `RuntimeConfig`s (backend "eager"); overrides go through the env parser.
 
     `max_model_len` and `max_num_seqs` are inclusive ranges. `batched_decode=None`
     draws it; the KV override and the pool override are each drawn or left out.
+    `serving=True` keeps `max_model_len` above `block_size`, so some request can run.
     """
-    bs = block_sizes[draw(st.integers(0, len(block_sizes) - 1))]
-    L = draw(st.integers(*max_model_len))
-    S = draw(st.integers(*max_num_seqs))
+    bs = block_sizes[draw(ints(0, len(block_sizes) - 1))]
+    low, high = max_model_len
+    L = draw(ints(min(max(low, bs + 1), high) if serving else low, high))
+    S = draw(ints(*max_num_seqs))
     env: dict[str, str] = {}
-    if kv_overrides and draw(st.booleans()):
+    if kv_overrides and draw(BOOLS):
         env[ENV_KV_BUCKETS] = draw_kv_override(draw, bs, L)
-    batched = not draw(st.booleans()) if batched_decode is None else batched_decode
+    batched = not draw(BOOLS) if batched_decode is None else batched_decode
     if not batched:
         env[ENV_BATCHED_DECODE] = "0"
-    num_blocks = draw_pool(draw, bs, L, S) if pool_override else None
-    return RuntimeConfig.from_env(
-        env, block_size=bs, max_model_len=L, max_num_seqs=S, num_blocks=num_blocks, backend="eager"
-    )
+    kwargs: dict[str, Any] = {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "backend": "eager"}
+    kwargs["num_blocks"] = draw_pool(draw, bs, L, S) if pool_override else None
+    try:
+        return RuntimeConfig.from_env(env, **kwargs)
+    except ConfigError as e:  # the runtime refuses a valid config: name it, for whoever reports the error
+        e.add_note(f"drawing RuntimeConfig.from_env({env!r}, **{kwargs!r})")
+        raise
+
+
+configs = st.composite(draw_config)
 
 
 # -- requests and events -----------------------------------------------------------------------
@@ -117,13 +142,18 @@ def longest_prompt(config: RuntimeConfig) -> int:
     return (config.max_model_len - 1) // bs * bs
 
 
-def draw_request(draw: st.DrawFn, config: RuntimeConfig) -> tuple[int, int]:
+def draw_request(draw: st.DrawFn, config: RuntimeConfig, short: bool | None = None) -> tuple[int, int]:
+    """A request that fits. A short one (a block of prompt, up to two blocks of output) fits
+    beside many others; `short=None` draws which."""
     top = longest_prompt(config)
     if top < 1:
         return draw(st.nothing())
-    p = draw(st.integers(1, top))
-    room = config.max_model_len - math.ceil(p / config.block_size) * config.block_size
-    return p, draw(st.integers(1, room))
+    bs = config.block_size
+    if short is None:
+        short = not draw(BOOLS)
+    p = draw(ints(1, min(top, bs) if short else top))
+    room = config.max_model_len - math.ceil(p / bs) * bs
+    return p, draw(ints(1, min(room, 2 * bs) if short else room))
 
 
 @st.composite
@@ -145,21 +175,24 @@ class Op:
         return f"add({self.prompt_len}, {self.max_tokens})" if self.kind == "add" else f"step({self.steps})"
 
 
-def draw_ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 16) -> list[Op]:
+def draw_ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 24) -> list[Op]:
     can_add = longest_prompt(config) >= 1
     events: list[Op] = []
-    # One draw picks stop (0), add (1-4) or step (5-8); deleting an event deletes its draws.
-    while len(events) < max_size and (what := draw(st.integers(0, 8))):
-        if can_add and what <= 4:
-            p, mt = draw_request(draw, config)
-            events.append(Op("add", p, mt))
-        else:
-            events.append(Op("step", steps=draw(st.integers(1, max(1, config.max_model_len)))))
+    # Rounds: a burst of up to max_num_seqs arrivals (so batches fill), then a run of
+    # steps. One draw ends the trace (0) or starts another round; deleting a round
+    # deletes its draws. The first round always brings a request, when one can fit.
+    while len(events) < max_size and (not events or draw(ints(0, 3))):
+        if can_add:
+            burst = draw(ints(0 if events else 1, config.max_num_seqs))
+            short = not draw(BOOLS)  # one draw for the whole burst
+            for _ in range(min(burst, max_size - len(events) - 1)):
+                events.append(Op("add", *draw_request(draw, config, short)))
+        events.append(Op("step", steps=draw(ints(1, max(1, config.max_model_len)))))
     return events
 
 
 @st.composite
-def ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 16) -> list[Op]:
+def ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 24) -> list[Op]:
     """Event sequences for a config: adds of fitting requests and runs of steps."""
     return draw_ops(draw, config, max_size)
 
@@ -174,6 +207,7 @@ class StepPoint:
     tkv: int
     seqs: tuple[SeqState, ...]
     owners: tuple[tuple[int, str], ...]  # (block, owner) for every allocated block
+    finished: tuple[str, ...] = ()  # the requests this step finished
 
     def describe(self) -> dict[str, Any]:
         rows = [
@@ -195,6 +229,17 @@ class BatchState:
     waiting: tuple[tuple[str, int, int], ...]  # (request id, prompt length, max_tokens)
     owners: tuple[tuple[int, str], ...]
     free_blocks: int
+    rejected: tuple[Op, ...] = ()  # adds the scheduler refused
+
+
+class Watch(Protocol):
+    """Follows a replay step by step (the hunts run the contract model this way)."""
+
+    def on_add(self, request_id: str | None, prompt_len: int, max_tokens: int) -> None:
+        """A request was queued (`request_id`) or refused (None)."""
+
+    def on_step(self, sched: Scheduler, point: StepPoint | None) -> None:
+        """A step ran (`point`), or the engine had nothing it could do (None)."""
 
 
 def step_once(sched: Scheduler, index: int) -> StepPoint | None:
@@ -203,31 +248,43 @@ def step_once(sched: Scheduler, index: int) -> StepPoint | None:
     if adm is not None:
         req = sched.admit(adm)
         point = StepPoint(index, "prefill", sched.tkv, (req.seq_state(),), _owners(sched.pool))
-        sched.record_prefill(req, 0)
-        return point
-    if not sched.running:
+        done = sched.record_prefill(req, 0)
+    elif sched.running:
+        sched.grow_for_decode()
+        point = StepPoint(index, "decode", sched.tkv, tuple(sched.seq_states()), _owners(sched.pool))
+        done = sched.record_decode([0] * len(sched.running))
+    else:
         return None
-    sched.grow_for_decode()
-    point = StepPoint(index, "decode", sched.tkv, tuple(sched.seq_states()), _owners(sched.pool))
-    sched.record_decode([0] * len(sched.running))
-    return point
+    return replace(point, finished=tuple(r.request_id for r in done)) if done else point
 
 
 def _owners(pool: BlockPool) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(pool.allocated().items()))
 
 
-def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...]) -> BatchState:
-    """Drive a fresh Scheduler and BlockPool through `events`; record every dispatch."""
+def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...], watch: Watch | None = None) -> BatchState:
+    """Drive a fresh Scheduler and BlockPool through `events`; record every dispatch.
+
+    An add the scheduler refuses is kept in `rejected`; `watch` sees every add and step.
+    """
     pool = BlockPool(config.total_blocks)
     sched = Scheduler(config, pool)
     points: list[StepPoint] = []
+    rejected: list[Op] = []
     for op in events:
         if op.kind == "add":
-            sched.add([0] * op.prompt_len, op.max_tokens)
+            try:
+                rid: str | None = sched.add([0] * op.prompt_len, op.max_tokens)
+            except RequestError:
+                rid = None
+                rejected.append(op)
+            if watch is not None:
+                watch.on_add(rid, op.prompt_len, op.max_tokens)
             continue
         for _ in range(op.steps):
             point = step_once(sched, len(points))
+            if watch is not None:
+                watch.on_step(sched, point)
             if point is None:
                 break
             points.append(point)
@@ -241,11 +298,12 @@ def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...]) -> BatchSta
         waiting,
         _owners(pool),
         pool.num_free,
+        tuple(rejected),
     )
 
 
 @st.composite
-def batch_states(draw: st.DrawFn, config: RuntimeConfig, max_ops: int = 16) -> BatchState:
+def batch_states(draw: st.DrawFn, config: RuntimeConfig, max_ops: int = 24) -> BatchState:
     """Reachable batch states of `config` (with the trace of dispatches that reached them)."""
     return replay(config, draw_ops(draw, config, max_ops))
 

@@ -1,4 +1,5 @@
-"""Dispatch coverage: every bucket served after warmup was compiled by warmup."""
+"""Dispatch coverage: every bucket served after warmup was compiled by warmup, and (when
+asked) every bucket the oracle's walk reaches was served at least once."""
 
 from __future__ import annotations
 
@@ -6,7 +7,20 @@ from typing import Any
 
 from runtime.bucketer import Bucket
 from runtime.events import SERVING, DispatchEvent
+from spyre_verify.oracle.walk import reachable
 from spyre_verify.violations import Checker
+
+
+def _around(value: int, same: list[int]) -> str:
+    below = [v for v in same if v < value]
+    above = [v for v in same if v > value]
+    if below and above:
+        return f"warmed below {below[-1]}, above {above[0]}"
+    if below:
+        return f"warmed below {below[-1]}, none above"
+    if above:
+        return f"warmed above {above[0]}, none below"
+    return "no warmed value with the rest of the key equal"
 
 
 def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
@@ -22,24 +36,29 @@ def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
             for b in warm
             if b.kernel == bucket.kernel and all(b.key[j] == bucket.key[j] for j in range(len(b.key)) if j != i)
         )
-        below = [v for v in same if v < value]
-        above = [v for v in same if v > value]
-        parts.append(f"dim {i}: warmed below {below[-1] if below else None}, above {above[0] if above else None}")
+        parts.append(f"dim {i}: {_around(int(value), same)}")
     return "; ".join(parts) or "no warmed bucket of this kernel"
 
 
 class DispatchCoverage(Checker):
     name = "dispatch-coverage"
 
+    def __init__(self, strict: bool = False, require_coverage: bool = False) -> None:
+        super().__init__(strict)
+        self.require_coverage = require_coverage
+        self.coverage: dict[str, Any] = {}
+
     def attach(self, engine: Any) -> None:
         self.recorder = engine.recorder
         self.dispatches: dict[Bucket, int] = {}
+        self.served: set[Bucket] = set()
         super().attach(engine)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self.dispatches[ev.bucket] = self.dispatches.get(ev.bucket, 0) + 1
         if ev.phase != SERVING:
             return
+        self.served.add(ev.bucket)
         warm = self.recorder.warm_set
         if ev.bucket not in warm:
             self.flag(
@@ -50,3 +69,29 @@ class DispatchCoverage(Checker):
                 bucket=str(ev.bucket),
                 batch=ev.batch.describe(),
             )
+
+    def finish(self, engine: Any) -> None:
+        """Served (dispatched while serving) against the oracle's reachable set."""
+        reach = reachable(engine.config)
+        uncovered = sorted(reach.buckets - self.served)
+        self.coverage = {
+            "served": len(self.served & reach.buckets),
+            "reachable": len(reach.buckets),
+            "method": reach.method,
+            "uncovered": [str(b) for b in uncovered],
+            # Served but never reached by the walk: cold-dispatch and warmup-exactness judge these.
+            "outside_reachable": [str(b) for b in sorted(self.served - reach.buckets)],
+        }
+        if not self.require_coverage:
+            return
+        for b in uncovered:
+            path = ", ".join(map(str, reach.witnesses[b]))
+            self.flag(
+                "uncovered-bucket",
+                f"{b} is reachable but the run never served it (the walk reaches it from an empty engine by: {path})",
+                kernel=b.kernel,
+                bucket=str(b),
+            )
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "coverage": self.coverage}

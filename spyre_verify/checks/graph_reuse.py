@@ -5,20 +5,30 @@ Zero compiles is checked two ways: the runtime's recording backend (compile even
 and Dynamo's `fail_on_recompile` stance around serving (`guard()`). Calls are
 compared with graph hits, because past `recompile_limit` Dynamo runs eagerly and
 compiles nothing, which neither of the first two can see.
+
+The runners' compile and hit counts are the runtime's own, so they are also counted
+from the other side: `counter` is a backend wrapper the harness installs when it
+builds the engine (`Engine(..., wrap_backend=checker.counter.wrap)`), and any per-kernel
+disagreement is a `count-mismatch`. The control calls go through the serving entry
+point under `guard()` (see `control_calls`); each must be refused by the guard and then
+seen compiling by the counter, or the checker reports itself broken.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from runtime.bucketer import DECODE, PREFILL, Bucket
+from runtime.bucketer import Bucket
+from runtime.compiler import BackendWrapper
 from runtime.events import SERVING, CompileEvent, DispatchEvent
+from spyre_verify.checks.control_calls import Control, control_calls, control_scope, in_control
+from spyre_verify.checks.counting import CountingBackend, compare
 from spyre_verify.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
@@ -28,50 +38,39 @@ def is_stance_error(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and STANCE_MARK in str(e)
 
 
+def serving_stance() -> AbstractContextManager[None]:
+    """The stance every serving path runs under: `guard()`, preflight and the plugin's `graph_audit`."""
+    return torch.compiler.set_stance(STANCE_MARK)
+
+
+def counting_wrapper(checkers: list[Any]) -> BackendWrapper | None:
+    """The `wrap_backend` to build an engine with: the counter of the first GraphReuse in `checkers`."""
+    graph = next((c for c in checkers if isinstance(c, GraphReuse)), None)
+    return graph.counter.wrap if graph is not None else None
+
+
 @dataclass(frozen=True)
 class ControlResult:
     name: str
     bucket: str
-    seen_by_backend: bool
-    seen_by_stance: bool
+    seen_by_backend: bool  # the harness's counting backend saw the repeated call compile
+    seen_by_stance: bool  # the serving guard refused the first call
 
     @property
     def detected(self) -> bool:
         return self.seen_by_backend and self.seen_by_stance
 
 
-def control_calls(engine: Any) -> list[tuple[str, Bucket, tuple[Any, ...]]]:
-    """Deliberately mismatched calls: a size between two rungs, and a stride staging never has."""
-    att, b = engine.attention, engine.bucketer
-    out = []
-    gaps = [k for k in range(1, b.kv_blocks[-1]) if k not in b.kv_blocks]
-    bs = engine.config.block_size
-    if gaps:
-        bucket = Bucket(DECODE, (gaps[0],))
-        out.append(("size-between-rungs", bucket, att.args_for(bucket)))
-    elif bs > 1:
-        bucket = Bucket(PREFILL, (bs + 1,))
-        out.append(("size-between-rungs", bucket, att.args_for(bucket)))
-    st, t = att.staging, b.prefill_tokens[0]
-    if 2 * t <= st.prefill_q.shape[0]:
-        bucket = Bucket(PREFILL, (t,))
-        strided = (st.prefill_q[: 2 * t : 2], st.prefill_k[: 2 * t : 2], st.prefill_v[: 2 * t : 2], st.prefill_left_pad)
-        out.append(("foreign-stride", bucket, strided))
-    else:
-        k = b.kv_blocks[0]
-        bucket = Bucket(DECODE, (k,))
-        args = list(att.args_for(bucket))
-        args[3] = st.block_table.t()[:k, 0] if st.block_table.shape[0] >= k else args[3].clone()[::1]
-        out.append(("foreign-stride", bucket, tuple(args)))
-    return out
-
-
 class GraphReuse(Checker):
     name = "graph-reuse"
 
+    def __init__(self, strict: bool = False) -> None:
+        super().__init__(strict)
+        # Created here, not in attach: the engine is built with it before the checker attaches.
+        self.counter = CountingBackend()
+
     def attach(self, engine: Any) -> None:
         self.engine = engine
-        self.in_control = False
         self.refused = 0  # recompiles the stance refused: they never reach the backend
         self.preflight_hits: Counter[Bucket] = Counter()
         self.graphs: Counter[Bucket] = Counter()
@@ -81,6 +80,7 @@ class GraphReuse(Checker):
         self.control_compiles: list[CompileEvent] = []
         self.controls: list[ControlResult] = []
         self._foreign: set[tuple[Bucket, Bucket]] = set()
+        self._mismatched: set[tuple[str, str]] = set()
         self._last_dispatch: DispatchEvent | None = None
         self._before: tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]] | None = None
         super().attach(engine)
@@ -112,7 +112,7 @@ class GraphReuse(Checker):
                 )
 
     def on_compile(self, ev: CompileEvent) -> None:
-        if self.in_control:
+        if in_control():
             self.control_compiles.append(ev)
         elif ev.phase != SERVING:
             self.graphs[ev.bucket] += 1
@@ -128,12 +128,16 @@ class GraphReuse(Checker):
 
     @contextmanager
     def guard(self) -> Iterator[None]:
-        """Serve under `fail_on_recompile`; a recompile becomes a violation naming the bucket."""
+        """Serve under `fail_on_recompile`; a recompile becomes a violation naming the bucket.
+
+        Inside a control call the refusal is the control's detection, not a serving
+        violation: it is raised as it came, for `run_controls` to record.
+        """
         try:
-            with torch.compiler.set_stance(STANCE_MARK):
+            with serving_stance():
                 yield
         except RuntimeError as e:
-            if not is_stance_error(e):
+            if not is_stance_error(e) or in_control():
                 raise
             self.refused += 1
             last = self._last_dispatch
@@ -159,7 +163,7 @@ class GraphReuse(Checker):
         for bucket in self.engine.recorder.plan():
             _, before = self._counters()
             try:
-                with torch.compiler.set_stance(STANCE_MARK):
+                with serving_stance():
                     self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
             except RuntimeError as e:
                 if not is_stance_error(e):
@@ -186,31 +190,54 @@ class GraphReuse(Checker):
                 )
 
     def run_controls(self) -> list[ControlResult]:
-        """Issue the mismatched calls; each must be seen by the stance and by the backend."""
-        self.in_control = True
-        try:
-            for name, bucket, args in control_calls(self.engine):
-                by_stance = False
-                try:
-                    with torch.compiler.set_stance(STANCE_MARK):
-                        self.engine.attention.call(bucket, args)
-                except RuntimeError as e:
-                    by_stance = is_stance_error(e)
-                before = len(self.control_compiles)
-                self.engine.attention.call(bucket, args)
-                result = ControlResult(name, str(bucket), len(self.control_compiles) > before, by_stance)
-                self.controls.append(result)
-        finally:
-            self.in_control = False
-        for r in self.controls:
+        """Issue the control calls through the serving entry point and guard.
+
+        Each call must be refused by `guard()` and, repeated outside it, must compile
+        through the harness's counting backend. Either side missing it means this
+        checker (or the harness's wiring of it) cannot be trusted.
+        """
+        planned = control_calls(self.engine)
+        with control_scope():
+            results = [self._run_control(control) for control in planned]
+        self.controls.extend(results)
+        for control, r in zip(planned, results, strict=True):
             if not r.detected:
+                unwired = (
+                    "" if control.bucket.kernel in self.counter.installed else "; the counting backend is not installed"
+                )
                 self.flag(
                     "checker-broken",
                     f"control call {r.name} on {r.bucket} went undetected "
-                    f"(backend saw it: {r.seen_by_backend}, stance saw it: {r.seen_by_stance}): "
-                    "this checker cannot be trusted",
+                    f"(counting backend saw it compile: {r.seen_by_backend}, serving guard refused it: "
+                    f"{r.seen_by_stance}){unwired}: this checker cannot be trusted",
                 )
+        self.cross_check()
         return self.controls
+
+    def _run_control(self, control: Control) -> ControlResult:
+        by_stance = False
+        try:
+            with self.guard():
+                control.call()
+        except RuntimeError as e:
+            if not is_stance_error(e):
+                raise
+            by_stance = True
+        kernel = control.bucket.kernel
+        before = self.counter.compiles[kernel]
+        control.call()
+        return ControlResult(control.name, str(control.bucket), self.counter.compiles[kernel] > before, by_stance)
+
+    def cross_check(self) -> None:
+        """Per kernel, the runner's compiles and graph hits against the counting backend's."""
+        for counts in compare(self.engine.attention.runners, self.counter):
+            for what, message in counts.disagreements():
+                self._mismatch(counts.kernel, what, message)
+
+    def _mismatch(self, kernel: str, what: str, message: str) -> None:
+        if (kernel, what) not in self._mismatched:  # once per kernel and count, however often it is checked
+            self._mismatched.add((kernel, what))
+            self.flag("count-mismatch", message, kernel=kernel)
 
     def finish(self, engine: Any) -> None:
         if self._before is not None:
@@ -238,6 +265,11 @@ class GraphReuse(Checker):
                     kernel=bucket.kernel,
                     bucket=str(bucket),
                 )
+        self.cross_check()
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Compiles and graph hits per kernel, from the runner and from the counting backend."""
+        return {c.kernel: c.as_dict() for c in compare(self.engine.attention.runners, self.counter)}
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -246,6 +278,7 @@ class GraphReuse(Checker):
             "compiles_after_warmup": len(self.serving_compiles) + self.refused,
             "hits": {str(b): n for b, n in sorted(self.hits.items())},
             "calls": {str(b): n for b, n in sorted(self.calls.items())},
+            "counts": self.counts(),
             "controls": [
                 {
                     "name": c.name,

@@ -1,9 +1,18 @@
-"""Output equivalence: the engine's greedy tokens equal the unpadded, unpaged, eager
-reference token for token, and its logits stay within `atol` of the reference's.
+"""Output equivalence: each request's whole output equals the unpadded, unpaged, eager
+reference run with the reference's own stopping, token for token and in length, and
+its logits stay within `atol` of the reference's.
+
+A request the engine finished with fewer or more tokens than the reference is a
+`length-mismatch`; one it never finished is `unfinished`, whatever the sample.
 
 The default tolerance (1e-3 absolute on logits of order 1) covers float32
 reassociation between the paged kernels and the contiguous reference; a padding
 leak moves logits by far more than that.
+
+With `sample=N` only the first N requests (in arrival order) are run through the
+reference, and only their logits are kept. `compare()` also works on a request whose
+logits were not kept (the soak samples after the run): it then checks tokens and
+length only.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from typing import Any
 
 import torch
 
-from runtime.events import DispatchEvent, RequestEvent
+from runtime.events import DispatchEvent, RequestEvent, StepEvent
 from runtime.reference import generate
 from spyre_verify.violations import Checker
 
@@ -25,46 +34,77 @@ class OutputEquivalence(Checker):
         self.atol = atol
         self.sample = sample
         self.compared = 0
+        self.unfinished = 0
         self.max_logit_diff = 0.0
 
     def attach(self, engine: Any) -> None:
         self.requests: dict[str, RequestEvent] = {}
-        self.tokens: dict[str, list[tuple[int, torch.Tensor, int]]] = {}
+        self.tokens: dict[str, list[tuple[int, int]]] = {}  # (token, step)
+        self.logits: dict[str, list[torch.Tensor]] = {}  # only for the requests it will compare
+        self.finished: set[str] = set()
         self.step_bucket: dict[int, str] = {}
         super().attach(engine)
+
+    def chosen(self, request_id: str) -> bool:
+        return request_id in self.logits
 
     def on_request(self, ev: RequestEvent) -> None:
         self.requests[ev.request_id] = ev
         self.tokens[ev.request_id] = []
+        if self.sample is None or len(self.logits) < self.sample:
+            self.logits[ev.request_id] = []
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self.step_bucket[ev.step] = str(ev.bucket)
 
     def on_token(self, ev: Any) -> None:
-        self.tokens[ev.request_id].append((ev.token, ev.logits, ev.step))
+        self.tokens[ev.request_id].append((ev.token, ev.step))
+        kept = self.logits.get(ev.request_id)
+        if kept is not None:
+            kept.append(ev.logits)
+
+    def on_step(self, ev: StepEvent) -> None:
+        self.finished.update(ev.finished)
 
     def finish(self, engine: Any) -> None:
-        done = [r for r in self.requests.values() if len(self.tokens[r.request_id]) == r.max_tokens]
-        for req in done[: self.sample] if self.sample is not None else done:
-            self.compare(engine.model, req)
+        for rid, req in self.requests.items():
+            if rid not in self.finished:
+                self.flag_unfinished(engine.model, req)
+            elif self.chosen(rid):
+                self.compare(engine.model, req)
+
+    def flag_unfinished(self, model: Any, req: RequestEvent) -> None:
+        self.unfinished += 1
+        got = len(self.tokens[req.request_id])
+        # The reference runs only for sampled requests: outside the sample, name max_tokens.
+        want = (
+            f"the reference's {len(generate(model, list(req.prompt), req.max_tokens).tokens)}"
+            if self.chosen(req.request_id)
+            else f"max_tokens={req.max_tokens} (outside the sample, reference not run)"
+        )
+        self.flag("unfinished", f"{req.request_id} never finished: the engine produced {got} tokens of {want}")
 
     def compare(self, model: Any, req: RequestEvent) -> bool:
+        """The engine's whole output for `req` against the reference's; True when they agree."""
         self.compared += 1
         ref = generate(model, list(req.prompt), req.max_tokens)
         got = self.tokens[req.request_id]
-        for i, ((token, logits, step), want) in enumerate(zip(got, ref.tokens, strict=True)):
-            diff = float((logits.double() - ref.logits[i].double()).abs().max())
-            self.max_logit_diff = max(self.max_logit_diff, diff)
+        kept = self.logits.get(req.request_id)
+        for i, ((token, step), want) in enumerate(zip(got, ref.tokens, strict=False)):
             bucket = self.step_bucket.get(step, "?")
+            diff = None
+            if kept is not None:
+                diff = float((kept[i].double() - ref.logits[i].double()).abs().max())
+                self.max_logit_diff = max(self.max_logit_diff, diff)
             if token != want:
+                drift = f", logits differ by {diff:.3g}" if diff is not None else ""
                 self.flag(
                     "token-mismatch",
-                    f"{req.request_id} token {i} is {token}, the reference says {want} "
-                    f"(step {step}, {bucket}, logits differ by {diff:.3g})",
+                    f"{req.request_id} token {i} is {token}, the reference says {want} (step {step}, {bucket}{drift})",
                     bucket=bucket,
                 )
                 return False
-            if diff > self.atol:
+            if diff is not None and diff > self.atol:
                 self.flag(
                     "logits-drift",
                     f"{req.request_id} token {i}: logits differ from the reference by {diff:.3g} "
@@ -72,16 +112,28 @@ class OutputEquivalence(Checker):
                     bucket=bucket,
                 )
                 return False
+        if len(got) != len(ref.tokens):
+            last = self.step_bucket.get(got[-1][1], "?") if got else None
+            where = f" (last token at step {got[-1][1]}, {last})" if got else ""
+            self.flag(
+                "length-mismatch",
+                f"{req.request_id} finished with {len(got)} tokens, the reference generates {len(ref.tokens)} "
+                f"(max_tokens={req.max_tokens}){where}",
+                bucket=last,
+            )
+            return False
         return True
 
     @property
     def tokens_match(self) -> bool:
-        return self.compared > 0 and not any(v.kind == "token-mismatch" for v in self.violations)
+        wrong = ("token-mismatch", "length-mismatch", "unfinished")
+        return self.compared > 0 and not any(v.kind in wrong for v in self.violations)
 
     def summary(self) -> dict[str, Any]:
         return {
             **super().summary(),
             "compared": self.compared,
+            "unfinished": self.unfinished,
             "max_logit_diff": self.max_logit_diff,
             "atol": self.atol,
         }

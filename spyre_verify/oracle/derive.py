@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 
-# DESIGN: "powers of two from the minimum batched size (2) up to max_num_seqs".
-MIN_BATCHED = 2
-
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -36,7 +33,8 @@ class Ladders:
     kv_blocks: tuple[int, ...]
     num_seqs: tuple[int, ...]  # the batched kernel's; empty when batched decode is off
     prefill_tokens: tuple[int, ...]
-    batched: bool  # whether decodes of 2 or more rows use the batched kernel
+    batched: bool  # whether decodes of `min_batched` or more rows use the batched kernel
+    min_batched: int = 2
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
         return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "prefill_tokens": self.prefill_tokens}
@@ -46,9 +44,11 @@ def ladders(c: RuntimeConfig) -> Ladders:
     """Every ladder DESIGN derives from a config (its env overrides already parsed into it)."""
     bs, top = c.block_size, ceil_div(c.max_model_len, c.block_size)
     kv = tuple(sorted(b // bs for b in c.kv_buckets)) if c.kv_buckets else doubling(1, top)
-    seqs = doubling(MIN_BATCHED, c.max_num_seqs) if c.batched_decode else ()
+    # DESIGN: "powers of two from the minimum batched size (2) up to max_num_seqs".
+    low = c.min_batched_seqs
+    seqs = doubling(low, c.max_num_seqs) if c.batched_decode else ()
     prefill = tuple(bs * t for t in range(1, top + 1))
-    return Ladders(bs, kv, seqs, prefill, c.batched_decode and bool(seqs))
+    return Ladders(bs, kv, seqs, prefill, c.batched_decode and bool(seqs), low)
 
 
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
@@ -66,7 +66,7 @@ def decode_key(lad: Ladders, seqs: int, tkv: int) -> Bucket | None:
     kv = rung(lad.kv_blocks, decode_blocks(lad.block_size, tkv))
     if kv is None:
         return None
-    if not lad.batched or seqs < MIN_BATCHED:
+    if not lad.batched or seqs < lad.min_batched:
         return Bucket(DECODE, (kv,))
     n = rung(lad.num_seqs, seqs)
     if n is None:

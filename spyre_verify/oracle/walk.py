@@ -98,10 +98,9 @@ def successors(bs: int, L: int, S: int, U: int, state: State) -> Iterator[tuple[
     # with the fewest prompt blocks admits the widest range of max_tokens.
     joins: dict[tuple[int, int], tuple[int, int]] = {}
     for p in range(1, L + 1):
-        if not rows:
-            t2 = ceil_div(p, bs) * bs
-        else:
-            t2 = tkv + ceil_div(p - tkv, bs) * bs if p > tkv else tkv
+        # Alone: the prompt's own block multiple. Joining: the batch's tkv, shifted up by
+        # whole blocks when the prompt is longer.
+        t2 = ceil_div(p, bs) * bs if not rows else tkv + max(0, ceil_div(p - tkv, bs)) * bs
         key = (t2, (t2 - p) // bs * bs)
         joins[key] = min(joins.get(key, (L + 1, 0)), (ceil_div(p, bs) * bs, p))
     for (t2, lp), (padded, p) in joins.items():
@@ -156,7 +155,8 @@ def sample(bs: int, L: int, S: int, U: int, runs: int = 200, seed: int = 0) -> W
     rng = random.Random(seed)
     paths: dict[Shape, tuple[Action, ...]] = {}
     for _ in range(runs):
-        state, trail = EMPTY, ()
+        state: State = EMPTY
+        trail: tuple[Action, ...] = ()
         for _ in range(rng.randint(1, 4 * L)):
             options = list(successors(bs, L, S, U, state))
             if not options:

@@ -38,6 +38,28 @@ def test_graph_audit_fails_a_test_that_compiles(pytester: pytest.Pytester) -> No
     assert "a graph compiled inside the audited block" in result.stdout.str()
 
 
+INNER_NO_STANCE = """
+import contextlib
+
+from spyre_verify.checks import graph_reuse
+
+def test_audit_with_its_stance_disabled(spyre_engine, graph_audit, monkeypatch):
+    monkeypatch.setattr(graph_reuse, "serving_stance", contextlib.nullcontext)
+    with graph_audit(spyre_engine):
+        spyre_engine.add_request([1, 2, 3], 2)
+        spyre_engine.run_until_done()
+"""
+
+
+def test_graph_audit_reports_itself_broken_when_its_stance_is_disabled(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER_NO_STANCE)
+    # A subprocess: an in-process rerun re-imports torch._inductor modules under xdist.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "graph_audit is broken: its control call through the engine's serving path was not refused" in out
+
+
 INNER_DEVICE = """
 import pytest
 

@@ -1,6 +1,6 @@
-"""`spyre-verify audit`: the clean audit passes with every reachable bucket hit, the four
-graph-reuse faults fail naming a bucket, the heatmaps are real PNGs, and the CUDA and
-no-matplotlib paths degrade with one line."""
+"""`spyre-verify audit`: the clean audit passes with every bucket the walk reaches hit; the
+four graph-reuse faults and over-pruning (of warmup or of the bucketer) fail naming a
+bucket; the heatmaps are real PNGs; the CUDA and no-matplotlib paths degrade with one line."""
 
 from __future__ import annotations
 
@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 import torch
 
+from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
+from runtime.engine import Engine
 from spyre_verify import faults
 from spyre_verify.audit import run_audit
-from spyre_verify.audit_report import payload
+from spyre_verify.audit_report import markdown, payload
 from spyre_verify.cli import main
 from spyre_verify.cmd_audit import pick_device
+from spyre_verify.traffic import Scenario, coverage_scenarios
+from spyre_verify.workload import Arrival
 
 ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND", "SPYRE_VERIFY_FAULT")
 # Eager goes through the same Dynamo guards as aot_eager, at half the compile cost.
@@ -83,18 +87,63 @@ def test_graph_reuse_faults_fail_and_name_the_bucket(fault: str) -> None:
         assert named == [b["bucket"] for b in p["buckets"] if b["kernel"] == "batched" and b["reachable"]]
 
 
-def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes() -> None:
-    from spyre_verify.audit_traffic import Plan, Scenario, coverage_plan
-    from spyre_verify.workload import Arrival
-
+def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
     config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
-    good = coverage_plan(config).scenarios
-    bad = Scenario(good[0].target, "a prompt that can never fit", (Arrival(0, (1,) * 8, 4),))
-    p = payload(run_audit(config, replays=1, plan=Plan((good[0], bad, *good[1:]), ())))
+    good = coverage_scenarios(config)
+    real_add = Engine.add_request
+
+    def add(self: Engine, prompt: Any, max_tokens: Any, request_id: Any = None) -> str:
+        if list(prompt) == [0] * 3:  # the planted scenario's prompt: the runtime breaks mid-scenario
+            raise RuntimeError("pool corrupted")
+        return str(real_add(self, prompt, max_tokens, request_id))
+
+    monkeypatch.setattr(Engine, "add_request", add)
+    bad = Scenario(good[0].target, (), (Arrival(0, (1,), 3), Arrival(1, (0,) * 3, 1)))
+    p = payload(run_audit(config, replays=1, scenarios=(good[0], bad, *good[1:])))
     assert p["verdict"] == "fail" and p["conditions"]["traffic_completed"] is False
     assert p["traffic"]["scenarios_run"] == 1 and p["traffic"]["not_run"] == len(good) - 1
-    assert any(f.startswith(f"traffic crashed in the scenario for {good[0].target}") for f in p["failures"])
+    assert any(
+        f.startswith(f"traffic crashed in the scenario for {good[0].target} (no actions): RuntimeError: pool corrupted")
+        for f in p["failures"]
+    ), p["failures"]
     assert all(b["replay_median_us"] for b in p["buckets"] if b["warmed"])  # later stages still ran
+
+
+def test_over_pruned_warmup_fails_the_audit_naming_the_missing_bucket(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["--device", "cpu", "--backend", "eager", *TINY_FLAGS, "--replays", "1", "--out", str(tmp_path)]
+    rc, p, _ = audit_cli(capsys, [*argv, "--fault", "over-pruned-warmup"])
+    assert (rc, p["verdict"], p["fault"]) == (1, "fail", "over-pruned-warmup")
+    assert p["conditions"]["every_reachable_bucket_hit"] is False
+    missed = [b["bucket"] for b in p["buckets"] if b["status"] == "missed"]
+    assert missed == ["batched(2, 2, False, True)"]  # the largest batched bucket, dropped from warmup
+    assert any(f.startswith("batched(2, 2, False, True): missed: reachable by the walk") for f in p["failures"])
+    assert (tmp_path / "audit-over-pruned-warmup.md").read_text().startswith("# spyre-verify audit: FAIL")
+
+
+def test_a_bucketer_that_prunes_a_reachable_bucket_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reachable is the walk's set: the bucketer's own pruning is shown, never the yardstick.
+    top = Bucket(BATCHED, (2, 2, False, True))
+    real = SpyreAttnBucketer._why_not_batched
+
+    def over_prune(self: SpyreAttnBucketer, low: int, n: int, kv: int, gather: bool, store: bool) -> str | None:
+        return (
+            "pool too small (wrongly)" if (n, kv, gather, store) == top.key else real(self, low, n, kv, gather, store)
+        )
+
+    monkeypatch.setattr(SpyreAttnBucketer, "_why_not_batched", over_prune)
+    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    assert top not in SpyreAttnBucketer(config).warm_set()
+    p = payload(run_audit(config, replays=1))
+    assert p["verdict"] == "fail" and p["conditions"]["every_reachable_bucket_hit"] is False
+    row = next(b for b in p["buckets"] if b["bucket"] == str(top))
+    assert (row["reachable"], row["warmed"], row["status"], row["category"]) == (True, False, "missed", "missed")
+    assert row["dispatches"] > 0  # the walk's witness reached it on the engine
+    pruned = next(x for x in p["pruned"] if x["bucket"] == str(top))
+    assert (pruned["reason"], pruned["reachable"]) == ("pool too small (wrongly)", True)
+    line = next(x for x in markdown(p).splitlines() if "pool too small (wrongly)" in x)
+    assert [c.strip() for c in line.strip("|").split("|")] == [str(top), "pool too small (wrongly)", "YES"]
 
 
 def test_cuda_without_cuda_exits_2_with_one_line(
@@ -164,3 +213,13 @@ def test_cuda_audit_on_the_device(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert (rc, p["verdict"]) == (0, "pass"), p["failures"]
     assert p["environment"]["device"] == "cuda" and p["environment"]["backend"] == "inductor"
     assert all(b["replay_median_us"] > 0 for b in p["buckets"] if b["reachable"])
+
+
+def test_heatmap_axes_take_the_contract_ladder_and_any_bucket_off_both_ladders() -> None:
+    from spyre_verify.audit_heatmap import panels
+
+    row = {"kernel": "decode", "key": [3], "compile_seconds": None, "compile_seconds_after_warmup": 0.5}
+    row |= {"own_hits": 0, "status": "missed", "category": "missed"}
+    p = {"ladders": {"kv_blocks": [2], "num_seqs": []}, "expected_ladders": {"kv_blocks": [1, 2], "num_seqs": []}}
+    [(_, _, [cells])] = panels({**p, "buckets": [row]}, "decode")
+    assert cells == [("pruned", "pruned"), ("pruned", "pruned"), ("missed", "0.50 s late\nmissed")]

@@ -25,6 +25,8 @@ CHECKS = {
     "graph-reuse",
     "output-equivalence",
     "ladder-agreement",
+    "contract-conformance",
+    "runtime-crash",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]

@@ -1,5 +1,7 @@
 """Dispatch coverage: a cold bucket served after warmup is flagged with its batch and the
-nearest warmed rungs; a clean run that reaches every rung stays quiet."""
+nearest warmed rungs; a clean run that reaches every rung stays quiet; with coverage
+required, the seeded workload plus the walk's coverage traffic serves every reachable
+bucket, and a runtime that never batches leaves the batched ones uncovered."""
 
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ from runtime.bucketer import BATCHED, DECODE, Bucket
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, BatchInfo, DispatchEvent
-from spyre_verify.checks.dispatch import DispatchCoverage
+from spyre_verify.checks.dispatch import DispatchCoverage, nearest_warm
 from spyre_verify.faults import CATALOG
+from spyre_verify.oracle.walk import reachable
+from spyre_verify.session import serve
+from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.violations import InvariantViolation
+from spyre_verify.workload import seeded_workload
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 BATCH = BatchInfo(("req-3",), (10,), (1,), 10)
@@ -87,7 +93,8 @@ def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
     cold = [v for v in checker.violations if v.kind == "cold-dispatch"]
     assert [v.bucket for v in cold] == ["decode(1,)"]
     assert "1 seqs, tkv=2" in cold[0].message
-    assert "warmed below None, above 2" in cold[0].message  # the override's only rung
+    assert "dim 0: warmed above 2, none below" in cold[0].message  # the override's only rung
+    assert "None" not in cold[0].message
 
 
 def test_clean_run_reaching_every_kv_rung_is_quiet() -> None:
@@ -98,3 +105,66 @@ def test_clean_run_reaching_every_kv_rung_is_quiet() -> None:
     one_block_decode(engine)
     assert checker.ok, checker.violations
     assert Bucket(DECODE, (1,)) in checker.dispatches  # the bucket the fault leaves cold
+
+
+CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+
+
+def test_nearest_warm_never_prints_none() -> None:
+    warm = frozenset({Bucket(DECODE, (4,)), Bucket(BATCHED, (2, 1, False, True))})
+    assert nearest_warm(Bucket(DECODE, (2,)), warm) == "dim 0: warmed above 4, none below"
+    assert nearest_warm(Bucket(DECODE, (8,)), warm) == "dim 0: warmed below 4, none above"
+    assert nearest_warm(Bucket(BATCHED, (4, 2, True, False)), warm) == (
+        "dim 0: no warmed value with the rest of the key equal; dim 1: no warmed value with the rest of the key equal"
+    )
+
+
+def served_with_coverage(config: RuntimeConfig, workload: bool) -> DispatchCoverage:
+    """Warm up, serve the seeded workload (optionally), then the walk's coverage traffic."""
+    engine = Engine(config)
+    checker = DispatchCoverage(require_coverage=True)
+    checker.attach(engine)
+    engine.warmup()
+    if workload:
+        serve(engine, seeded_workload(config, 40))
+    for scenario in coverage_scenarios(config):
+        run_scenario(engine, scenario, step_limit(config))
+    checker.finish(engine)
+    return checker
+
+
+def test_seeded_workload_plus_coverage_traffic_serves_every_reachable_bucket() -> None:
+    checker = served_with_coverage(CHECK, workload=True)
+    assert checker.ok, checker.violations
+    assert checker.summary()["coverage"] == {
+        "served": 16,
+        "reachable": 16,
+        "method": "exhaustive",
+        "uncovered": [],
+        "outside_reachable": [],
+    }
+
+
+def test_the_seeded_workload_alone_leaves_buckets_uncovered() -> None:
+    # Why the coverage traffic exists: the seeded workload never fills a padded-row batch.
+    engine = Engine(CHECK)
+    checker = DispatchCoverage()
+    checker.attach(engine)
+    engine.warmup()
+    serve(engine, seeded_workload(CHECK, 40))
+    checker.finish(engine)
+    assert checker.ok  # coverage is reported, not required
+    assert checker.coverage["served"] < checker.coverage["reachable"] == 16
+    assert "batched(4, 2, True, False)" in checker.coverage["uncovered"]
+
+
+def test_a_runtime_that_never_batches_fails_with_uncovered_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("runtime.bucketer.SpyreAttnBucketer.uses_batched", lambda self, seqs: False)
+    checker = served_with_coverage(TINY, workload=False)
+    uncovered = [v for v in checker.violations if v.kind == "uncovered-bucket"]
+    expected = sorted(b for b in reachable(TINY).buckets if b.kernel == BATCHED)
+    assert [v.bucket for v in uncovered] == [str(b) for b in expected] and len(expected) == 2
+    witness = ", ".join(map(str, reachable(TINY).witnesses[expected[0]]))
+    assert f"{expected[0]} is reachable but the run never served it" in uncovered[0].message
+    assert witness in uncovered[0].message
+    assert checker.coverage["served"] == checker.coverage["reachable"] - 2

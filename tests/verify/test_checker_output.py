@@ -1,10 +1,14 @@
-"""Output equivalence: the engine's tokens equal the unpadded eager reference, logits stay
-within atol, and a padding leak is named with the step and bucket where it first shows."""
+"""Output equivalence: the engine's whole outputs equal the unpadded eager reference (tokens
+and lengths), logits stay within atol, a padding leak is named with the step and bucket where
+it first shows, and a request finished at the wrong length or never finished is flagged."""
 
 from __future__ import annotations
 
+import pytest
+
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine, TokenEvent
+from runtime.scheduler import Request
 from runtime.seams import Seams
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.faults import CATALOG
@@ -62,3 +66,52 @@ def test_logits_beyond_atol_are_flagged_even_when_tokens_match() -> None:
     assert drift.violations[0].bucket == "prefill(4,)"
     assert drift.tokens_match  # drift alone does not make the tokens wrong
     assert (drift.compared, sampled.compared) == (2, 1)
+
+
+def test_a_request_finished_early_or_late_is_a_length_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    for off, got in ((1, 3), (-1, 5)):
+        # The runtime's finish rule off by one: each token matches, the length does not.
+        def remaining(r: Request, off: int = off) -> int:
+            return r.max_tokens - len(r.output) - off
+
+        monkeypatch.setattr(Request, "remaining", property(remaining))
+        checker = OutputEquivalence()
+        engine = Engine(TINY)
+        checker.attach(engine)
+        engine.add_request([1], 4)
+        engine.run_until_done()
+        checker.finish(engine)
+        assert [(v.kind, v.message.split(" (last")[0]) for v in checker.violations] == [
+            ("length-mismatch", f"req-0 finished with {got} tokens, the reference generates 4 (max_tokens=4)")
+        ]
+        assert not checker.tokens_match
+
+
+def test_unfinished_requests_count_outside_the_sample() -> None:
+    checker = OutputEquivalence(sample=1)
+    engine = Engine(TINY)
+    checker.attach(engine)
+    engine.add_request([1], 1)
+    engine.add_request([9, 8], 3)
+    engine.add_request([5], 2)
+    engine.step()  # req-0 prefills and finishes; the run stops there
+    checker.finish(engine)
+    assert (checker.compared, checker.unfinished) == (1, 2)
+    assert [v.message for v in checker.violations] == [
+        "req-1 never finished: the engine produced 0 tokens of max_tokens=3 (outside the sample, reference not run)",
+        "req-2 never finished: the engine produced 0 tokens of max_tokens=2 (outside the sample, reference not run)",
+    ]
+    # Logits are kept only for the request it compares.
+    assert set(checker.logits) == {"req-0"} and set(checker.tokens) == {"req-0", "req-1", "req-2"}
+
+
+def test_an_unfinished_sampled_request_names_the_reference_length() -> None:
+    checker = OutputEquivalence()
+    engine = Engine(TINY)
+    checker.attach(engine)
+    engine.add_request([1], 3)
+    engine.step()
+    checker.finish(engine)
+    assert [v.message for v in checker.violations] == [
+        "req-0 never finished: the engine produced 1 tokens of the reference's 3"
+    ]

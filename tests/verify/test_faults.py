@@ -3,11 +3,14 @@ checker that must catch it. The kill table itself runs in test_controls_cli."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
+from runtime.metadata import MetadataBuilder, SeqState
 from runtime.seams import Seams
 from runtime.warmup import warm_plan
 from spyre_verify import faults
@@ -17,6 +20,7 @@ from spyre_verify.session import all_checkers
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 REQUIRED = {
     "builder-own-ladder": "dispatch-coverage",
+    "inline-builder-ladder": "ladder-agreement",
     "lazy-batched-kernel": "dispatch-coverage",
     "fresh-tensor-recorder": "graph-reuse",
     "live-block-padding": "padding-validity",
@@ -62,9 +66,39 @@ def test_over_pruned_drops_exactly_one_reachable_bucket() -> None:
     _, seams = CATALOG["over-pruned-warmup"].apply(CHECK)
     assert seams.warmup_buckets is not None
     kept = seams.warmup_buckets(plan)
-    assert set(plan) - set(kept) == {faults.dropped_bucket(plan)}
-    assert faults.dropped_bucket(plan).kernel == BATCHED
+    dropped = faults.dropped_bucket(plan)
+    assert set(plan) - set(kept) == {dropped}
+    assert dropped is not None and dropped.kernel == BATCHED
     assert faults.dropped_bucket([Bucket(PREFILL, (4,)), Bucket(DECODE, (2,))]) == Bucket(DECODE, (2,))
+
+
+def test_over_pruned_on_a_single_bucket_plan_drops_it_and_an_empty_plan_is_left_alone() -> None:
+    # max_model_len 1: no request can ever fit, so no bucket is reachable and the plan is empty.
+    empty = RuntimeConfig(block_size=1, max_model_len=1, max_num_seqs=1, backend="eager")
+    _, seams = CATALOG["over-pruned-warmup"].apply(empty)
+    assert warm_plan(SpyreAttnBucketer(empty)) == [] and warm_plan(SpyreAttnBucketer(empty), seams) == []
+    assert faults.dropped_bucket([]) is None
+    # max_model_len 2 with one block a token: one request of one token, so one prefill bucket.
+    single = RuntimeConfig(block_size=1, max_model_len=2, max_num_seqs=1, backend="eager")
+    config, seams = CATALOG["over-pruned-warmup"].apply(single)
+    assert warm_plan(SpyreAttnBucketer(config)) == [Bucket(PREFILL, (1,))]
+    assert warm_plan(SpyreAttnBucketer(config), seams) == []
+
+
+def test_inline_builder_ladder_patches_the_builders_rounding_only_while_active() -> None:
+    fault = CATALOG["inline-builder-ladder"]
+    config, seams = fault.apply(CHECK)
+    assert config.kv_buckets == (12, 16) and seams == Seams(), "a sparse override, and no seam"
+    builder = MetadataBuilder(SpyreAttnBucketer(config))
+    row = SeqState("a", (1,), 2, 0)  # one block cached: needs 1 entry
+    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, (3,))
+    with fault.active():
+        md = builder.build_decode([row], 2)
+        assert md.bucket == Bucket(DECODE, (1,)) and md.block_table == ((1,),)
+        two = builder.build_decode([row, SeqState("b", (2,), 2, 0)], 2)
+        assert two.bucket == Bucket(BATCHED, (2, 1, False, True))
+    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, (3,)), "restored on exit"
+    assert isinstance(CATALOG["builder-own-ladder"].active(), contextlib.nullcontext)  # a seam fault patches nothing
 
 
 def test_unknown_fault_is_a_value_error_listing_the_catalog() -> None:

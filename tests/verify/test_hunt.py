@@ -4,62 +4,100 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import runtime.config
+from runtime.block_pool import BlockPool
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.ladders import powers_of_two_up_to
+from runtime.scheduler import Scheduler
 from runtime.warmup import warm_plan
-from spyre_verify import faults, profiles
+from spyre_verify import faults, hunt, profiles
 from spyre_verify.cli import main
+from spyre_verify.hunt import check_trace, check_warmup
 from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_hunt, run_workers
+from spyre_verify.oracle import accept
+from spyre_verify.oracle.derive import decode_key, ladders, prefill_key
 from spyre_verify.padding_rules import block_table_problems
-from spyre_verify.strategies import batch_states, configs, workloads
+from spyre_verify.strategies import Op, batch_states, configs, replay, workloads
 
 pytestmark = pytest.mark.hunt
 
 
-def hunt(fault: str | None, examples: int, **kwargs: object) -> dict[str, PropertyRun]:
+def hunt_runs(fault: str | None, examples: int, **kwargs: object) -> dict[str, PropertyRun]:
     plan = HuntPlan(examples, seed=0, fault=fault, profile=profiles.CI, database=None, **kwargs)  # type: ignore[arg-type]
     return {r.name: r for r in run_hunt(plan)}
 
 
-def test_clean_runtime_has_no_divergence() -> None:
-    runs = hunt(None, 150)
+def test_clean_runtime_has_no_finding() -> None:
+    runs = hunt_runs(None, 150)
+    assert list(runs) == ["ladders", "warmup", "dispatch", "config"]
     assert [f for r in runs.values() for f in r.findings] == []
     assert all(r.examples >= 100 for r in runs.values()), {n: r.examples for n, r in runs.items()}
 
 
-def test_builder_own_ladder_shrinks_to_a_kv_override_and_names_the_cold_rungs() -> None:
-    found = hunt("builder-own-ladder", 300, properties=("dispatch",))["dispatch"].findings
-    assert [f["kind"] for f in found] == ["cold-dispatch"]
+def config_of(c: dict[str, Any]) -> RuntimeConfig:
+    kv = tuple(c["kv_buckets"]) if c["kv_buckets"] else None
+    keys = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "batched_decode")
+    return RuntimeConfig(kv_buckets=kv, backend="eager", **{k: c[k] for k in keys})
+
+
+def test_builder_own_ladder_shrinks_to_a_kv_override_and_names_the_off_key_dispatch() -> None:
+    found = hunt_runs("builder-own-ladder", 300, properties=("dispatch",))["dispatch"].findings
+    assert [f["kind"] for f in found] == ["key-mismatch"]
     f = found[0]
     env = f["config"]["env_overrides"]
     assert f["config"]["kv_buckets"] and "SPYRE_ATTN_KV_BUCKETS" in env
     assert f["reproducer"].startswith(f"SPYRE_ATTN_KV_BUCKETS={env['SPYRE_ATTN_KV_BUCKETS']} ")
-    c = f["config"]
-    bucketer = SpyreAttnBucketer(
-        RuntimeConfig(block_size=c["block_size"], max_model_len=c["max_model_len"], kv_buckets=tuple(c["kv_buckets"]))
-    )
-    own = powers_of_two_up_to(-(-c["max_model_len"] // c["block_size"]))
-    # The cold rungs are the builder's own, absent from both the bucketer's ladder and warmup.
-    assert f["cold_kv_rungs"] and set(f["cold_kv_rungs"]) <= set(own) - set(bucketer.kv_blocks)
+    config = config_of(f["config"])
+    own = faults.power_of_two_ladder(config.max_blocks_per_seq)
+    # The off-key rungs are the builder's own, absent from the oracle's ladder and from warmup.
+    assert f["cold_kv_rungs"] and set(f["cold_kv_rungs"]) <= set(own) - set(ladders(config).kv_blocks)
     assert not set(f["cold_kv_rungs"]) & set(f["warm_ladder"]["rungs"])
-    assert f["bucket"] in f["cold_buckets"] and f["batch_state"]["rows"]
+    assert f["bucket"] in f["cold_buckets"] and f["expected"] != f["bucket"] and f["batch_state"]["rows"]
     with pytest.raises(AssertionError):  # the pytest line reproduces the finding
         exec(f["pytest"], {})
 
 
-def test_over_pruned_warmup_names_the_missing_bucket() -> None:
-    found = hunt("over-pruned-warmup", 100, properties=("warmup",))["warmup"].findings
+def test_inline_builder_ladder_is_found_by_the_probe_and_on_traces() -> None:
+    runs = hunt_runs("inline-builder-ladder", 300, properties=("ladders", "dispatch"))
+    [probe] = runs["ladders"].findings
+    assert probe["kind"] == "ladder-divergence" and probe["component"] == "builder"
+    assert "rungs only the builder has" in probe["message"] and probe["dimension"] == "kv_blocks"
+    assert [f["kind"] for f in runs["dispatch"].findings] == ["key-mismatch"]
+    for f in (probe, *runs["dispatch"].findings):
+        with pytest.raises(AssertionError):  # the pytest line enters the fault's patch itself
+            exec(f["pytest"], {})
+
+
+def test_over_pruned_warmup_names_the_missing_bucket_and_a_witness_that_reaches_it() -> None:
+    found = hunt_runs("over-pruned-warmup", 100, properties=("warmup",))["warmup"].findings
     assert [f["kind"] for f in found] == ["missing-bucket"]
-    c = found[0]["config"]
-    config = RuntimeConfig(block_size=c["block_size"], max_model_len=c["max_model_len"], max_num_seqs=c["max_num_seqs"])
-    assert found[0]["bucket"] == str(faults.dropped_bucket(warm_plan(SpyreAttnBucketer(config))))
-    assert found[0]["witness"] is not None
+    f = found[0]
+    config = config_of(f["config"])
+    assert f["bucket"] == str(faults.dropped_bucket(warm_plan(SpyreAttnBucketer(config))))
+    assert f["witness"]["actions"]
+    # The witness, replayed on the real scheduler, ends on a dispatch whose oracle key is the bucket.
+    last = replay(config, [Op(o.split("(")[0], *_args(o)) for o in f["events"]]).points[-1]
+    lad = ladders(config)
+    key = prefill_key(lad, last.tkv) if last.kind == "prefill" else decode_key(lad, len(last.seqs), last.tkv)
+    assert str(key) == f["bucket"]
+
+
+def _args(op: str) -> tuple[int, ...]:
+    nums = tuple(int(x) for x in op[op.index("(") + 1 : -1].split(","))
+    return nums if op.startswith("add") else (0, 0, *nums)
+
+
+def test_over_pruned_warmup_on_a_one_bucket_plan_is_a_finding_not_an_error() -> None:
+    single = RuntimeConfig(block_size=1, max_model_len=2, max_num_seqs=1, backend="eager")
+    [f] = check_warmup(single, "over-pruned-warmup")
+    assert (f.kind, str(f.bucket)) == ("missing-bucket", "prefill(1,)")
+    assert check_warmup(single.with_(max_model_len=1), "over-pruned-warmup") == []  # empty plan: nothing to drop
 
 
 def test_padding_rules_flag_live_and_out_of_pool_entries() -> None:
@@ -70,6 +108,17 @@ def test_padding_rules_flag_live_and_out_of_pool_entries() -> None:
     assert [k for k, _ in block_table_problems(((3, 1), (3, 2), (0, 0)), *args)] == ["live-padding"]
     assert [k for k, _ in block_table_problems(((0, 1), (3, 2), (9, 0)), *args)] == ["out-of-pool"]
     assert [k for k, _ in block_table_problems(((0, 2), (3, 2), (0, 0)), *args)] == ["foreign-block"]
+
+
+def test_padding_rules_cover_padded_rows_of_a_batched_table() -> None:
+    # Rows past the real sequences belong to no request: every entry must be the null block.
+    owners = {1: "a", 2: "b", 3: "b", 4: None}
+    args = (("a", "b"), (4, 0), 7, "batched", 4, owners, 6)
+    assert block_table_problems(((0, 1), (3, 2), (0, 0), (0, 0)), *args) == []
+    [(kind, msg)] = block_table_problems(((0, 1), (3, 2), (0, 0), (0, 2)), *args)
+    assert kind == "live-padding" and "padded entry 1 of padded row 3 of the batch a, b points at block 2" in msg
+    assert [k for k, _ in block_table_problems(((0, 1), (3, 2), (4, 0), (0, 0)), *args)] == ["bad-padding"]
+    assert [k for k, _ in block_table_problems(((0, 1), (3, 2), (0, 0), (6, 0)), *args)] == ["out-of-pool"]
 
 
 def test_cli_reports_replays_from_the_database_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,7 +142,7 @@ def test_cli_text_names_the_finding_and_notes_unseen_controls(
     assert main([*base, "--control", "over-pruned-warmup", "--property", "warmup", "--database", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "[warmup/missing-bucket]" in out and "reproduce: " in out and "examples/s" in out
-    assert main([*base, "--control", "mask-leak", "--property", "ladders"]) == 0
+    assert main([*base, "--control", "mask-leak", "--property", "ladders", "--database", str(tmp_path)]) == 0
     assert "mask-leak is judged by output-equivalence" in capsys.readouterr().out
 
 
@@ -147,3 +196,174 @@ def test_public_strategies_give_valid_reachable_objects(data: st.DataObject) -> 
     for a in data.draw(workloads(config)):
         padded = -(-len(a.prompt) // config.block_size) * config.block_size
         assert padded + a.max_tokens <= config.max_model_len
+
+
+# -- the runtime crashing is a finding; the harness crashing is not ---------------------------------
+TIGHT = RuntimeConfig(block_size=2, max_model_len=8, max_num_seqs=2, num_blocks=5, backend="eager")
+OVERBOOK = [Op("add", 1, 6), Op("add", 1, 6), Op("step", steps=8)]
+
+
+def test_a_runtime_exception_is_a_runtime_error_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_trace(TIGHT, OVERBOOK) == []
+    # A pool that promises every reservation: the second request overbooks it, and the
+    # runtime's own allocate fails later, inside runtime code.
+    monkeypatch.setattr(BlockPool, "can_reserve", lambda self, n: True)
+    [f] = check_trace(TIGHT, OVERBOOK)
+    assert f.kind == "runtime-error" and "at runtime/block_pool.py:" in f.message and f.events == tuple(OVERBOOK)
+    line = f.pytest_line()
+    assert line is not None
+    with pytest.raises(AssertionError):
+        exec(line, {})
+
+
+def test_the_cli_reports_a_runtime_crash_as_a_finding(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(BlockPool, "can_reserve", lambda self, n: True)
+    argv = ["hunt", "--examples", "300", "--seed", "0", "--property", "dispatch", "--out", str(tmp_path)]
+    assert main([*argv, "--hypothesis-profile", "ci", "--database", str(tmp_path / "db")]) == 1
+    out = capsys.readouterr().out
+    assert "[dispatch/runtime-error] the runtime raised" in out and "pytest:" in out
+
+
+def test_a_harness_exception_is_not_a_finding(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def broken(*args: object) -> list[object]:
+        raise KeyError("harness bug")
+
+    monkeypatch.setattr(hunt, "trace_findings", broken)
+    with pytest.raises(KeyError):
+        check_trace(TIGHT, OVERBOOK)
+    argv = ["hunt", "--examples", "20", "--seed", "0", "--property", "dispatch", "--out", str(tmp_path)]
+    assert main([*argv, "--hypothesis-profile", "ci", "--database", str(tmp_path / "db")]) == 3
+    assert (tmp_path / "crash-hunt.txt").exists()
+
+
+# -- the contract model in lockstep ------------------------------------------------------------------
+def test_lockstep_names_the_step_and_rule_of_a_missed_strip(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A joiner of 5 tokens shifts the first row by 4; it finishes at its prefill, leaving the
+    # first row with two whole blocks of padding, which the strip must drop.
+    config = RuntimeConfig(block_size=2, max_model_len=16, max_num_seqs=2, backend="eager")
+    events = [Op("add", 1, 6), Op("step"), Op("add", 5, 1), Op("step"), Op("step")]
+    assert check_trace(config, events) == []
+
+    def no_strip(self: Scheduler) -> None:
+        if not self.running:
+            self.tkv = 0
+
+    monkeypatch.setattr(Scheduler, "_strip", no_strip)
+    [f] = [f for f in check_trace(config, events) if f.kind == "divergence"]
+    assert f.message.startswith("step 1: rule 'strip': tkv: engine 6, contract 2")
+
+
+# -- config acceptance -------------------------------------------------------------------------------
+def test_config_acceptance_is_checked_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}
+    assert hunt.check_config({**small, "num_blocks": 5}, {}) == []  # exactly the minimum
+    assert hunt.check_config({**small, "num_blocks": 4}, {}) == []  # rejected by both
+    monkeypatch.setattr(runtime.config, "_validate_pool", lambda c: None)
+    [f] = hunt.check_config({**small, "num_blocks": 4}, {})
+    assert f.kind == "config-acceptance" and "the runtime accepts a config DESIGN rejects: num_blocks=4" in f.message
+    assert str(f.reproducer()).startswith("python -c ") and "num_blocks" in str(f.pytest_line())
+
+
+def test_config_reading_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime.config, "parse_flag", lambda text, name: text.strip() == "0")
+    [f] = hunt.check_config({"backend": "eager"}, {"SPYRE_BATCHED_DECODE": "1"})
+    assert f.kind == "config-acceptance" and "batched=False" in f.message and "batched=True" in f.message
+
+
+def test_the_config_hunt_finds_and_shrinks_an_off_by_one_pool_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runtime.config._validate_pool
+
+    def one_short(c: RuntimeConfig) -> None:  # the minimum checked as max_blocks_per_seq, not + 1
+        if c.num_blocks != c.max_blocks_per_seq:
+            real(c)
+
+    monkeypatch.setattr(runtime.config, "_validate_pool", one_short)
+    [f] = hunt_findings("config", 300)
+    assert f["kind"] == "config-acceptance" and "cannot hold one max_model_len request" in f["message"]
+    assert f["kwargs"]["num_blocks"] == -(-f["kwargs"]["max_model_len"] // f["kwargs"]["block_size"])
+    with pytest.raises(AssertionError):
+        exec(f["pytest"], {})
+
+
+def hunt_findings(prop: str, examples: int, fault: str | None = None) -> list[dict[str, Any]]:
+    return hunt_runs(fault, examples, properties=(prop,))[prop].findings
+
+
+# -- strategies reach the edges ----------------------------------------------------------------------
+def test_traces_reach_padded_rows_and_pools_at_their_boundary_within_300_examples() -> None:
+    seen = {"gather": 0, "minimum pool": 0, "k-sequence pool": 0, "rows >= 5": 0}
+
+    @settings(profiles.get_settings(profiles.CI), max_examples=300)
+    @given(hunt.dispatch_cases())
+    def look(case: tuple[RuntimeConfig, list[Op]]) -> None:
+        config, events = case
+        lad, per = ladders(config), config.max_blocks_per_seq
+        points = [p for p in replay(config, events).points if p.kind == "decode"]
+        keys = [decode_key(lad, len(p.seqs), p.tkv) for p in points]
+        seen["gather"] += any(k is not None and k.key[2:3] == (True,) for k in keys)
+        seen["minimum pool"] += config.num_blocks == per + 1
+        seen["k-sequence pool"] += config.num_blocks is not None and (config.num_blocks - 1) % per == 0
+        seen["rows >= 5"] += any(len(p.seqs) >= 5 for p in points)
+
+    look()
+    assert all(n >= 5 for n in seen.values()), seen
+
+
+def test_a_valid_config_refused_while_drawing_a_case_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = runtime.config._validate_pool
+
+    def one_over(c: RuntimeConfig) -> None:  # refuses the legal minimum pool
+        if c.num_blocks == c.max_blocks_per_seq + 1:
+            raise runtime.config.ConfigError(f"num_blocks={c.num_blocks}: too small")
+        real(c)
+
+    monkeypatch.setattr(runtime.config, "_validate_pool", one_over)
+    [f] = hunt_findings("ladders", 100)
+    assert f["kind"] == "runtime-error" and f["config"] is None and f["reproducer"] is None
+    assert "ConfigError at runtime/config.py" in f["message"] and "drawing RuntimeConfig.from_env(" in f["message"]
+
+
+SMALL = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 2}
+KV, FLAG, BACKEND = "SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND"
+ACCEPTANCE = [
+    ({}, {}, True),
+    ({**SMALL, "block_size": 3}, {}, False),
+    ({**SMALL, "block_size": True}, {}, False),
+    ({**SMALL, "num_blocks": 5}, {}, True),
+    ({**SMALL, "num_blocks": 4}, {}, False),
+    ({**SMALL, "num_blocks": 1 << 22}, {}, True),
+    ({**SMALL, "num_blocks": (1 << 22) + 1}, {}, False),
+    ({**SMALL, "max_model_len": 8192 * 4}, {}, True),
+    ({**SMALL, "max_model_len": 8192 * 4 + 1}, {}, False),
+    ({**SMALL, "max_num_seqs": 4096}, {}, True),
+    ({**SMALL, "max_num_seqs": 4097}, {}, False),
+    (SMALL, {KV: "8,16"}, True),
+    (SMALL, {KV: " 16 , 0008 "}, True),
+    (SMALL, {KV: "8,8,16"}, False),
+    (SMALL, {KV: "6,16"}, False),
+    (SMALL, {KV: "8"}, False),
+    (SMALL, {KV: "8,20"}, False),
+    (SMALL, {KV: "8,,16"}, False),
+    (SMALL, {KV: "+8,16"}, False),
+    (SMALL, {KV: "0000000000000000008,16"}, False),  # 19 digits: the runtime's documented limit
+    (SMALL, {FLAG: " 1"}, True),
+    (SMALL, {FLAG: "true"}, False),
+    (SMALL, {BACKEND: " eager"}, True),
+    (SMALL, {BACKEND: "cuda"}, False),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "env", "ok"), ACCEPTANCE)
+def test_the_acceptance_oracle_and_the_runtime_agree_on_the_documented_rules(
+    kwargs: dict[str, Any], env: dict[str, str], ok: bool
+) -> None:
+    assert (accept.config_problem(kwargs, env) is None) == ok
+    assert hunt.check_config(kwargs, env) == []
+
+
+def test_the_acceptance_oracle_reads_the_env() -> None:
+    r = accept.reading(SMALL, {KV: " 16 , 0008 ", FLAG: "0 ", BACKEND: " aot_eager"})
+    assert r == accept.Reading((8, 16), False, "aot_eager")
+    assert accept.reading(SMALL, {}) == accept.Reading(None, True, "inductor")

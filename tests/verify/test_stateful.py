@@ -5,8 +5,6 @@ pool ownership, tkv, left padding and warm dispatch after every step."""
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import note, settings
@@ -24,68 +22,13 @@ from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
+from runtime.events import RowState
 from runtime.metadata import MetadataBuilder
 from runtime.scheduler import Scheduler
 from runtime.warmup import warm_plan
 from spyre_verify import profiles
+from spyre_verify.oracle.model import ContractModel
 from spyre_verify.strategies import configs, longest_prompt, requests
-
-
-@dataclass
-class Row:
-    rid: str
-    lp: int  # left padding, in tokens
-    cached: int
-    generated: int
-    max_tokens: int
-    reservation: int
-
-
-class Model:
-    """The contract, re-derived: admission, shift, reservation, decode, finish and strip."""
-
-    def __init__(self, c: RuntimeConfig) -> None:
-        self.bs, self.L, self.S, self.U = c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks
-        self.tkv = 0
-        self.rows: list[Row] = []
-        self.waiting: deque[tuple[str, int, int]] = deque()
-
-    def admission(self) -> tuple[int, int, int] | None:
-        """(post-shift tkv, shift, reservation) if the head of the queue joins now."""
-        if not self.waiting or len(self.rows) >= self.S:
-            return None
-        _, p, mt = self.waiting[0]
-        bs = self.bs
-        shift = 0 if not self.rows or p <= self.tkv else math.ceil((p - self.tkv) / bs) * bs
-        tkv = math.ceil(p / bs) * bs if not self.rows else self.tkv + shift
-        if tkv + mt > self.L or any(tkv + r.max_tokens - r.generated > self.L for r in self.rows):
-            return None
-        need = math.ceil((tkv + mt - 1) / bs) - (tkv - p) // bs
-        return (tkv, shift, need) if sum(r.reservation for r in self.rows) + need <= self.U else None
-
-    def step(self) -> str:
-        adm = self.admission()
-        if adm is not None:
-            tkv, shift, need = adm
-            rid, p, mt = self.waiting.popleft()
-            for r in self.rows:
-                r.lp += shift
-            self.tkv = tkv
-            self.rows.append(Row(rid, tkv - p, p, 1, mt, need))
-            kind = "prefill"
-        elif self.rows:
-            for r in self.rows:
-                r.cached, r.generated = r.cached + 1, r.generated + 1
-            self.tkv += 1
-            kind = "decode"
-        else:
-            return "idle"
-        self.rows = [r for r in self.rows if r.generated < r.max_tokens]
-        k = min((r.lp // self.bs for r in self.rows), default=0)
-        for r in self.rows:
-            r.lp -= k * self.bs
-        self.tkv = self.tkv - k * self.bs if self.rows else 0
-        return kind
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -97,7 +40,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         bucketer = SpyreAttnBucketer(config)
         self.builder = MetadataBuilder(bucketer)
         self.warm = set(warm_plan(bucketer))
-        self.model = Model(config)
+        self.model = ContractModel(config)
         self.dispatched: list[Bucket] = []
 
     def fits(self) -> bool:
@@ -107,8 +50,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add(self, data: st.DataObject) -> None:
         p, mt = data.draw(requests(self.config), label="request")
+        assert self.model.reject_reason(p, mt) is None
         rid = self.sched.add([1] * p, mt)
-        self.model.waiting.append((rid, p, mt))
+        self.model.add(rid, p, mt)
 
     @rule(data=st.data())
     def reject(self, data: st.DataObject) -> None:
@@ -116,6 +60,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         p = data.draw(st.integers(1, c.max_model_len + 4), label="prompt_len")
         padded = math.ceil(p / c.block_size) * c.block_size
         mt = data.draw(st.integers(max(1, c.max_model_len - padded + 1), c.max_model_len + 4), label="max_tokens")
+        assert self.model.reject_reason(p, mt) is not None
         before = self.sched.snapshot()
         with pytest.raises(RequestError, match="can never fit"):
             self.sched.add([1] * p, mt)
@@ -125,20 +70,30 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self) -> None:
         expected = self.model.step()
         adm = self.sched.next_admission()
+        admitted, done = None, []
         if adm is not None:
             req = self.sched.admit(adm)
             self.dispatched.append(self.builder.build_prefill(req.seq_state(), self.sched.tkv).bucket)
-            self.sched.record_prefill(req, 1)
-            kind = "prefill"
+            done = self.sched.record_prefill(req, 1)
+            kind, admitted = "prefill", req.request_id
         elif self.sched.running:
             self.sched.grow_for_decode()
             self.dispatched.append(self.builder.build_decode(self.sched.seq_states(), self.sched.tkv).bucket)
-            self.sched.record_decode([1] * len(self.sched.running))
+            done = self.sched.record_decode([1] * len(self.sched.running))
             kind = "decode"
         else:
             kind = "idle"
-        note(f"{kind} -> {self.dispatched[-1] if kind != 'idle' else None}, tkv {self.sched.tkv}")
-        assert kind == expected
+        note(f"{kind} -> {self.dispatched[-1] if kind != 'idle' else None}, tkv {self.sched.tkv}, model {expected}")
+        assert kind == expected.kind
+        rows = [
+            RowState(
+                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), self.pool.reserved(r.request_id)
+            )
+            for r in self.sched.running
+        ]
+        finished = tuple(r.request_id for r in done)
+        waiting = [r.request_id for r in self.sched.waiting]
+        assert self.model.diff(rows, self.sched.tkv, kind, admitted, finished, waiting, self.pool.num_free) == []
 
     @precondition(lambda self: bool(self.sched.running))
     @rule()
@@ -166,10 +121,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         bs, m = self.config.block_size, self.model
         assert self.sched.tkv == m.tkv
         got = [(r.request_id, r.left_pad, r.num_cached, len(r.output)) for r in self.sched.running]
-        assert got == [(r.rid, r.lp, r.cached, r.generated) for r in m.rows]
+        assert got == [(r.request_id, r.left_pad, r.cached, r.generated) for r in m.rows]
         for r in self.sched.running:
             assert len(r.blocks) == math.ceil(m.tkv / bs) - r.left_pad // bs
-        assert not m.rows or min(r.lp // bs for r in m.rows) == 0, "strip left a whole padding block in every row"
+        assert not m.rows or min(r.left_pad // bs for r in m.rows) == 0, "strip left a whole padding block in every row"
 
     @invariant()
     def dispatch_lands_in_the_warm_set(self) -> None:
@@ -187,8 +142,16 @@ def test_scheduler_matches_the_contract_model() -> None:
 
 def test_model_admits_what_the_contract_says() -> None:
     # The model itself, on the DESIGN example: a longer joiner shifts the batch by whole blocks.
-    m = Model(RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=2, backend="eager"))
-    m.waiting.extend([("a", 3, 10), ("b", 9, 5)])
-    assert m.step() == "prefill" and (m.tkv, m.rows[0].lp) == (4, 1)
-    assert m.step() == "prefill" and m.tkv == 12
-    assert [(r.lp, r.cached) for r in m.rows] == [(9, 3), (3, 9)]
+    m = ContractModel(RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=2, backend="eager"))
+    m.add("a", 3, 10)
+    m.add("b", 9, 5)
+    first = m.step()
+    assert (first.kind, first.admitted, first.key_tkv, m.tkv, m.rows[0].left_pad) == ("prefill", "a", 4, 4, 1)
+    second = m.step()
+    assert (second.admitted, second.shift, second.shape, m.tkv) == ("b", 8, ("prefill", 12, 0), 12)
+    assert [(r.left_pad, r.cached, r.reservation) for r in m.rows] == [(9, 3, 4), (3, 9, 4)]
+    decodes = [m.step() for _ in range(4)]  # b's four decodes finish it; a is left with 2 padding blocks
+    assert [d.shape for d in decodes] == [("decode", 2, t) for t in (12, 13, 14, 15)]
+    last = decodes[-1]
+    assert (last.finished, last.strip, last.rules) == (("b",), 2, ("decode", "finish", "strip"))
+    assert (m.tkv, m.rows[0].left_pad, m.reserved) == (8, 1, 4)

@@ -1,0 +1,109 @@
+"""The hunt's config property: raw config input near every rule's edge, and the runtime's
+acceptance of it held to `spyre_verify.oracle.accept`.
+
+`RuntimeConfig.from_env(env, **kwargs)` must accept exactly what DESIGN accepts, refuse the
+rest with a `ConfigError` (any other exception is a `runtime-error`), and read an accepted
+env (KV override, batched flag, backend) as the oracle reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from runtime.config import ENV_BACKEND, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.errors import ConfigError
+from spyre_verify.hunt_findings import Finding, from_runtime
+from spyre_verify.oracle import accept
+from spyre_verify.strategies import BLOCK_SIZES, BOOLS, draw_kv_override, ints
+
+# -- raw config input ---------------------------------------------------------------------------
+# A valid config with at most one field pushed to (or past) the edge of its rule: a bug in
+# one rule then shows alone, not masked by another rule the same input breaks.
+_EDGE_SIZES = st.sampled_from((0, -4, 3, 6, 12, True, 4.0))
+_EDGE_COUNTS = st.sampled_from((0, -1, 4096, 4097, True))
+_EDGE_POOLS = st.sampled_from((0, -1, 1 << 22, (1 << 22) + 1))
+_FLAGS = st.sampled_from(("0", "1", " 1", "0 "))
+_EDGE_FLAGS = st.sampled_from(("2", "true", "", "01", "-1", "1", " 0"))
+_BACKENDS = st.sampled_from(("eager", "aot_eager", "inductor", " eager"))
+_EDGE_BACKENDS = st.sampled_from(("cuda", "Eager", "", " eager", "inductor\t", "aot-eager"))
+_JUNK = st.sampled_from(("", " ", "a", "+{}", "0{}", "{}.0", "-{}", "{} ", "0000000000000000000{}", "{}{}"))
+DEFECTS = ("none", "block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv", "batched", "backend")
+
+
+def draw_raw_rungs(draw: st.DrawFn, bs: int, top: int) -> str:
+    """A KV override near validity: block multiples up to one past the top, now and then a
+    non-multiple, a repeat, a missing top or a malformed piece."""
+    parts = []
+    for _ in range(draw(ints(0, 4))):
+        r = draw(ints(0, top + 1)) * bs + (draw(ints(0, 1)) if draw(ints(0, 7)) == 0 else 0)
+        parts.append(str(r) if draw(ints(0, 3)) else draw(_JUNK).format(r, r))
+    if draw(ints(0, 3)):
+        parts.insert(draw(ints(0, len(parts))), str(top * bs))
+    return ",".join(parts)
+
+
+def draw_raw_config(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
+    defect = DEFECTS[draw(ints(0, len(DEFECTS) - 1))]
+    bs = draw(_EDGE_SIZES) if defect == "block_size" else BLOCK_SIZES[draw(ints(0, len(BLOCK_SIZES) - 1))]
+    good = bs if type(bs) is int and bs > 0 else 4  # what the other fields are drawn for
+    L = draw(st.sampled_from((0, -1, 8192 * good, 8192 * good + 1))) if defect == "max_model_len" else draw(ints(1, 64))
+    S = draw(_EDGE_COUNTS) if defect == "max_num_seqs" else draw(ints(1, 8))
+    kwargs: dict[str, Any] = {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "backend": "eager"}
+    per_seq = -(-L // good) if type(L) is int and L > 0 else 1
+    if defect == "num_blocks":  # the legal minimum, one or two below it, or a size limit
+        kwargs["num_blocks"] = draw(_EDGE_POOLS) if draw(ints(0, 3)) == 0 else per_seq + 1 - draw(ints(0, 2))
+    elif draw(BOOLS):
+        kwargs["num_blocks"] = per_seq + 1 + draw(ints(0, 3 * per_seq))
+    env: dict[str, str] = {}
+    if defect == "kv":
+        env[ENV_KV_BUCKETS] = draw_raw_rungs(draw, good, per_seq)
+    elif draw(BOOLS):
+        env[ENV_KV_BUCKETS] = draw_kv_override(draw, good, max(L, 1) if type(L) is int else 1)
+    if defect == "batched" or not draw(ints(0, 3)):
+        env[ENV_BATCHED_DECODE] = draw(_EDGE_FLAGS if defect == "batched" else _FLAGS)
+    if defect == "backend" or not draw(ints(0, 3)):
+        env[ENV_BACKEND] = draw(_EDGE_BACKENDS if defect == "backend" else _BACKENDS)
+    return kwargs, env
+
+
+raw_configs = st.composite(draw_raw_config)
+"""(kwargs, env) for `RuntimeConfig.from_env(env, **kwargs)`: a valid config with at most one
+field at or past the edge of its rule."""
+
+
+# -- the check -------------------------------------------------------------------------------------------
+def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
+    """`RuntimeConfig.from_env(env, **kwargs)` accepts and reads exactly what the oracle says."""
+    why = accept.config_problem(kwargs, env)
+    where = {"kwargs": kwargs, "env": env}
+    try:
+        c = RuntimeConfig.from_env(env, **kwargs)
+    except ConfigError as e:
+        if why is None:
+            msg = f"the runtime rejects a config DESIGN accepts: {e}"
+            return [Finding("config", "config-acceptance", msg, None, None, details=where)]
+        return []
+    except Exception as e:
+        if not from_runtime(e):
+            raise
+        msg = f"the runtime raised {type(e).__name__} instead of a ConfigError: {e}"
+        return [Finding("config", "runtime-error", msg, None, None, details=where)]
+    if why is not None:
+        return [
+            Finding(
+                "config",
+                "config-acceptance",
+                f"the runtime accepts a config DESIGN rejects: {why}",
+                None,
+                c,
+                details=where,
+            )
+        ]
+    r = accept.reading(kwargs, env)
+    got = accept.Reading(tuple(sorted(c.kv_buckets)) if c.kv_buckets else None, c.batched_decode, c.backend)
+    if got != r:
+        msg = f"the runtime reads the config as {got}, the oracle as {r}"
+        return [Finding("config", "config-acceptance", msg, None, c, details=where)]
+    return []

@@ -1,0 +1,157 @@
+"""Config acceptance, derived: whether DESIGN (and the runtime's documented limits) accept a
+config and its env, and what the env means.
+
+Written from DESIGN "Runtime semantics" and the rules `runtime/config.py` states in its
+messages, with code of our own: the hunt's `config` property calls
+`RuntimeConfig.from_env(env, **kwargs)` and holds the runtime to these answers, so
+nothing here may call the runtime's parsers or validators.
+
+The kwargs modelled are `KWARGS`; anything else is left at its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_KV = "SPYRE_ATTN_KV_BUCKETS"
+ENV_BATCHED = "SPYRE_BATCHED_DECODE"
+ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
+BACKEND_NAMES = ("eager", "aot_eager", "inductor")
+KWARGS = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv_buckets", "batched_decode", "backend")
+# The runtime's documented size limits (its messages name them): past any real config.
+MAX_SEQ_BLOCKS = 8192
+MAX_SEQS = 4096
+MAX_POOL = 1 << 22
+MAX_DIGITS = 18
+DEFAULTS: dict[str, object] = {
+    "block_size": 64,
+    "max_model_len": 2048,
+    "max_num_seqs": 8,
+    "num_blocks": None,
+    "kv_buckets": None,
+    "batched_decode": True,
+    "backend": "inductor",
+}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a config means once its env is applied, as DESIGN reads it."""
+
+    kv_tokens: tuple[int, ...] | None  # the KV override in tokens, sorted; None: the default ladder
+    batched: bool
+    backend: str
+
+
+def _count(value: object) -> bool:
+    """A count: an int (a bool is not one) of at least 1."""
+    return type(value) is int and value >= 1
+
+
+def _token_list(text: str) -> tuple[int, ...] | str:
+    """Comma-separated token lengths, each an optionally signed run of ASCII digits; else why not."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        sign, digits = ("-", part[1:]) if part.startswith("-") else ("", part)
+        if not digits or not all("0" <= ch <= "9" for ch in digits):
+            return f"{ENV_KV}: {part!r} is not a token length"
+        if len(digits) > MAX_DIGITS:
+            return f"{ENV_KV}: {part[:24]!r} has more than {MAX_DIGITS} digits"
+        values.append(int(sign + digits))
+    return tuple(values)
+
+
+def _env_problem(env: Mapping[str, str]) -> str | None:
+    if ENV_BATCHED in env and env[ENV_BATCHED].strip() not in ("0", "1"):
+        return f"{ENV_BATCHED}={env[ENV_BATCHED]!r} is not 0 or 1"
+    if ENV_BACKEND in env and env[ENV_BACKEND].strip() not in BACKEND_NAMES:
+        return f"{ENV_BACKEND}={env[ENV_BACKEND]!r} is not a backend"
+    if ENV_KV in env:
+        parsed = _token_list(env[ENV_KV])
+        if isinstance(parsed, str):
+            return parsed
+    return None
+
+
+def settings(kwargs: Mapping[str, object], env: Mapping[str, str]) -> dict[str, object]:
+    """The modelled settings after env overrides; call only when `_env_problem` is None."""
+    out = {**DEFAULTS, **{k: v for k, v in kwargs.items() if k in KWARGS}}
+    if ENV_KV in env:
+        out["kv_buckets"] = _token_list(env[ENV_KV])
+    if ENV_BATCHED in env:
+        out["batched_decode"] = env[ENV_BATCHED].strip() == "1"
+    if ENV_BACKEND in env:
+        out["backend"] = env[ENV_BACKEND].strip()
+    return out
+
+
+def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str | None:
+    """Why the runtime must refuse `RuntimeConfig.from_env(env, **kwargs)`; None when it must accept."""
+    unknown = sorted(set(kwargs) - set(KWARGS))
+    if unknown:
+        raise ValueError(f"not modelled: {unknown}")
+    why = _env_problem(env)
+    if why is not None:
+        return why
+    s = settings(kwargs, env)
+    bs, L, S = s["block_size"], s["max_model_len"], s["max_num_seqs"]
+    if not _count(bs):
+        return f"block_size={bs!r} is not a positive integer"
+    assert isinstance(bs, int)
+    if bs & (bs - 1):
+        return f"block_size={bs} is not a power of two"
+    if not _count(L):
+        return f"max_model_len={L!r} is not a positive integer"
+    assert isinstance(L, int)
+    per_seq = -(-L // bs)
+    if per_seq > MAX_SEQ_BLOCKS:
+        return f"max_model_len={L} needs {per_seq} blocks a sequence, above {MAX_SEQ_BLOCKS}"
+    if not _count(S) or S > MAX_SEQS:  # type: ignore[operator]
+        return f"max_num_seqs={S!r} is not an integer in 1..{MAX_SEQS}"
+    if type(s["batched_decode"]) is not bool:
+        return f"batched_decode={s['batched_decode']!r} is not a bool"
+    if s["backend"] not in BACKEND_NAMES:
+        return f"backend={s['backend']!r} is not a backend"
+    kv = s["kv_buckets"]
+    if kv is not None:
+        why = _kv_problem(kv, bs, L, per_seq)
+        if why is not None:
+            return why
+    pool = s["num_blocks"]
+    if pool is not None:
+        if not _count(pool) or pool > MAX_POOL:  # type: ignore[operator]
+            return f"num_blocks={pool!r} is not an integer in 1..{MAX_POOL}"
+        # DESIGN: the pool must hold one max_model_len request plus the null block.
+        if pool < per_seq + 1:  # type: ignore[operator]
+            return f"num_blocks={pool} cannot hold one max_model_len request ({per_seq} blocks) plus the null block"
+    return None
+
+
+def _kv_problem(kv: object, bs: int, L: int, per_seq: int) -> str | None:
+    if not isinstance(kv, tuple) or not kv:
+        return f"kv_buckets={kv!r} is not a non-empty tuple"
+    for b in kv:
+        if type(b) is not int or b < 1:
+            return f"KV bucket {b!r} is not a positive integer"
+        if b % bs:
+            return f"KV bucket {b} is not a multiple of block_size={bs}"
+        if b > per_seq * bs:
+            return f"KV bucket {b} is above max_model_len={L} rounded up to a block"
+    if len(set(kv)) < len(kv):
+        return f"KV buckets {list(kv)} repeat a rung"
+    if max(kv) < L:
+        return f"the top KV bucket {max(kv)} does not cover max_model_len={L}"
+    return None
+
+
+def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
+    """What an accepted config means; only for one `config_problem` accepts."""
+    s = settings(kwargs, env)
+    kv = s["kv_buckets"]
+    return Reading(
+        tuple(sorted(kv)) if isinstance(kv, tuple) else None,
+        bool(s["batched_decode"]),
+        str(s["backend"]),
+    )

@@ -1,0 +1,301 @@
+"""A tensor-free model of DESIGN's scheduling rules, run in lockstep with an engine.
+
+Written from DESIGN "Positions and bucket keys, precisely", not from the runtime's
+scheduler: admission of the head of the queue (arrival order) with reservations, the
+shift of a longer joiner, the decode step, finish at `max_tokens`, and the strip. The
+`contract-conformance` checker and the hunts call `step()` and `diff()` once per
+engine step, so everything here is plain ints and lists.
+
+API:
+- `ContractModel(config)`: `tkv`, `rows` (`ModelRow`), `waiting` (`Pending`, arrival order).
+- `reject_reason(prompt_len, max_tokens)`: why `add_request` must refuse it; None to accept.
+- `add(request_id, prompt_len, max_tokens)`: queue a request (never refuses; ask first).
+- `step() -> ModelStep`: one engine step; also kept as `last`.
+- `diff(rows, tkv, kind, admitted, finished, waiting=None, free_blocks=None)`: how an
+  engine state after the same step differs, as (rule, message), the likeliest cause first.
+- `resync(tkv, rows, waiting)`: adopt an engine's state after a divergence.
+
+Rules a difference is named by: "admission" (who joins, and when), "stall" (the engine
+idles while the contract has work), "join" (tkv and left padding of a joiner), "shift",
+"decode", "finish", "strip", "rows" (which requests run), "blocks" (real blocks of a
+row), "reservation" (blocks held plus promised, and the pool's free count).
+
+Not modelled: stop tokens and aborts (the runtime has neither); the volumetric limit
+applies only when the config carries `max_batch_tkv_limit`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runtime.config import RuntimeConfig
+from runtime.events import RowState
+from spyre_verify.oracle.derive import ceil_div
+
+
+@dataclass(slots=True)
+class ModelRow:
+    request_id: str
+    left_pad: int
+    cached: int  # tokens whose KV is cached: tkv == left_pad + cached
+    generated: int
+    max_tokens: int
+    reservation: int  # real blocks it can ever need: held plus still promised
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStep:
+    kind: str  # "prefill", "decode" or "idle"
+    admitted: str | None
+    shift: int  # tokens every running row moved right before the join
+    seqs: int  # rows dispatched
+    key_tkv: int  # the tkv the bucket key is taken at: pre-step for decode, post-shift for prefill
+    finished: tuple[str, ...]
+    strip: int  # whole blocks stripped after the step
+    rules: tuple[str, ...]  # the rules that fired, in order
+
+    @property
+    def shape(self) -> tuple[str, int, int]:
+        """The raw dispatch shape, as `oracle.walk` writes it."""
+        return ("prefill", self.key_tkv, 0) if self.kind == "prefill" else (self.kind, self.seqs, self.key_tkv)
+
+
+IDLE = ModelStep("idle", None, 0, 0, 0, (), 0, ())
+
+
+class ContractModel:
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.bs, self.L, self.S = config.block_size, config.max_model_len, config.max_num_seqs
+        self.U = config.usable_blocks
+        limit = getattr(config, "max_batch_tkv_limit", None)
+        # DESIGN: the default, L * S, never binds (a decode attends at most L positions a row).
+        self.V: int | None = limit if limit is not None and limit < self.L * self.S else None
+        self.tkv = 0
+        self.rows: list[ModelRow] = []
+        self.waiting: deque[Pending] = deque()
+        self.known: dict[str, Pending] = {}
+        self.reserved = 0  # sum of the rows' reservations
+        self.last: ModelStep = IDLE
+
+    # -- requests --------------------------------------------------------------------------
+    def reject_reason(self, prompt_len: int, max_tokens: int) -> str | None:
+        if prompt_len < 1:
+            return "the prompt is empty"
+        if max_tokens < 1:
+            return f"max_tokens={max_tokens} is below 1"
+        padded = ceil_div(prompt_len, self.bs) * self.bs
+        if padded + max_tokens > self.L:
+            return f"a prompt of {prompt_len} pads to {padded}; plus max_tokens={max_tokens} exceeds {self.L}"
+        if self.V is not None and max_tokens >= 2 and padded + max_tokens - 1 > self.V:
+            return f"its lone decode peak {padded + max_tokens - 1} exceeds max_batch_tkv_limit={self.V}"
+        return None
+
+    def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        pending = Pending(request_id, prompt_len, max_tokens)
+        self.known[request_id] = pending
+        self.waiting.append(pending)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.rows)
+
+    # -- one step ----------------------------------------------------------------------------
+    def admission(self) -> tuple[int, int, int] | None:
+        """(post-shift tkv, shift, reservation) when the head of the queue joins now."""
+        if not self.waiting or len(self.rows) >= self.S:
+            return None
+        head, bs = self.waiting[0], self.bs
+        p, mt = head.prompt_len, head.max_tokens
+        if not self.rows:
+            tkv, shift = ceil_div(p, bs) * bs, 0
+        else:
+            shift = ceil_div(p - self.tkv, bs) * bs if p > self.tkv else 0
+            tkv = self.tkv + shift
+        L = self.L
+        if tkv + mt > L:
+            return None
+        for r in self.rows:
+            if tkv + r.max_tokens - r.generated > L:
+                return None
+        need = ceil_div(tkv + mt - 1, bs) - (tkv - p) // bs
+        if self.reserved + need > self.U:
+            return None
+        if self.V is not None and self._peak(tkv, mt - 1) > self.V:
+            return None
+        return tkv, shift, need
+
+    def _peak(self, tkv: int, new_steps: int) -> int:
+        """The largest decode volume the batch with the joiner can reach (strips ignored)."""
+        steps = sorted([r.max_tokens - r.generated for r in self.rows] + [new_steps])
+        n = len(steps)
+        return max(((n - j) * (tkv + d) for j, d in enumerate(steps) if d >= 1), default=0)
+
+    def step(self) -> ModelStep:
+        adm = self.admission()
+        rows, rules = self.rows, []
+        if adm is not None:
+            tkv, shift, need = adm
+            head = self.waiting.popleft()
+            if shift:
+                for r in rows:
+                    r.left_pad += shift
+                rules.append("shift")
+            self.tkv = tkv
+            rows.append(ModelRow(head.request_id, tkv - head.prompt_len, head.prompt_len, 1, head.max_tokens, need))
+            self.reserved += need
+            kind, admitted, seqs, key_tkv = "prefill", head.request_id, 1, tkv
+            rules.append("admission")
+        elif rows:
+            kind, admitted, shift, seqs, key_tkv = "decode", None, 0, len(rows), self.tkv
+            for r in rows:
+                r.cached += 1
+                r.generated += 1
+            self.tkv += 1
+            rules.append("decode")
+        else:
+            self.last = IDLE
+            return IDLE
+        finished: tuple[str, ...] = ()
+        if any(r.generated >= r.max_tokens for r in rows):
+            finished = tuple(r.request_id for r in rows if r.generated >= r.max_tokens)
+            self.reserved -= sum(r.reservation for r in rows if r.generated >= r.max_tokens)
+            self.rows = rows = [r for r in rows if r.generated < r.max_tokens]
+            rules.append("finish")
+        strip = self._strip()
+        if strip:
+            rules.append("strip")
+        self.last = ModelStep(kind, admitted, shift, seqs, key_tkv, finished, strip, tuple(rules))
+        return self.last
+
+    def _strip(self) -> int:
+        if not self.rows:
+            self.tkv = 0
+            return 0
+        bs = self.bs
+        k = min(r.left_pad // bs for r in self.rows)
+        if k:
+            for r in self.rows:
+                r.left_pad -= k * bs
+            self.tkv -= k * bs
+        return k
+
+    # -- comparison --------------------------------------------------------------------------
+    def real_blocks(self, row: ModelRow) -> int:
+        """Entries from the first real one (lp // bs) to the block of the last cached position."""
+        return (self.tkv - 1) // self.bs - row.left_pad // self.bs + 1
+
+    def diff(
+        self,
+        rows: Sequence[RowState],
+        tkv: int,
+        kind: str,
+        admitted: str | None,
+        finished: tuple[str, ...],
+        waiting: Sequence[str] | None = None,
+        free_blocks: int | None = None,
+    ) -> list[tuple[str, str]]:
+        """How an engine's state after `last` differs from the model's; empty when it conforms."""
+        s = self.last
+        if kind != s.kind:
+            rule = "stall" if kind == "idle" else "admission"
+            return [(rule, f"engine {_did(kind, admitted)}, contract {_did(s.kind, s.admitted)}")]
+        out: list[tuple[str, str]] = []
+        if admitted != s.admitted:
+            out.append(("admission", f"engine admitted {admitted}, contract admits {s.admitted} (arrival order)"))
+        if finished != s.finished and set(finished) != set(s.finished):
+            out.append(("finish", f"finished: engine {list(finished)}, contract {list(s.finished)}"))
+        if waiting is not None and len(waiting) != len(self.waiting):
+            ids = [w.request_id for w in self.waiting]
+            out.append(("admission", f"waiting: engine {list(waiting)}, contract {ids}"))
+        offset = tkv - self.tkv
+        if offset:
+            out.append((self._offset_rule(offset), f"tkv: engine {tkv}, contract {self.tkv}{self._why()}"))
+        mine = self.rows
+        if len(rows) != len(mine) or any(e.request_id != m.request_id for e, m in zip(rows, mine, strict=True)):
+            by_id = {m.request_id: m for m in mine}
+            if {e.request_id for e in rows} != set(by_id):
+                got, want = [e.request_id for e in rows], [m.request_id for m in mine]
+                out.append(("rows", f"running: engine {got}, contract {want}"))
+            pairs = [(e, by_id[e.request_id]) for e in rows if e.request_id in by_id]
+        else:
+            pairs = list(zip(rows, mine, strict=True))
+        for e, m in pairs:
+            if e.left_pad != m.left_pad:
+                d = e.left_pad - m.left_pad
+                rule = self._offset_rule(d) if d == offset else "join" if m.request_id == s.admitted else "shift"
+                out.append((rule, f"{m.request_id} left padding: engine {e.left_pad}, contract {m.left_pad}"))
+            if e.num_cached != m.cached or e.generated != m.generated:
+                out.append(
+                    (
+                        "decode",
+                        f"{m.request_id} cached/generated: engine {e.num_cached}/{e.generated}, "
+                        f"contract {m.cached}/{m.generated}",
+                    )
+                )
+            real = self.real_blocks(m)
+            if len(e.blocks) != real:
+                out.append(("blocks", f"{m.request_id} real blocks: engine {len(e.blocks)}, contract {real}"))
+            if len(e.blocks) + e.reserved != m.reservation:
+                out.append(
+                    (
+                        "reservation",
+                        f"{m.request_id} blocks held + promised: engine {len(e.blocks)} + {e.reserved}, "
+                        f"contract {m.reservation}",
+                    )
+                )
+        if free_blocks is not None and free_blocks != self.U - self.reserved:
+            out.append(("reservation", f"free blocks: engine {free_blocks}, contract {self.U - self.reserved}"))
+        return out
+
+    def _offset_rule(self, d: int) -> str:
+        """The rule behind every row and tkv being off by the same `d` tokens."""
+        s, bs = self.last, self.bs
+        if d % bs:
+            return "join" if s.kind == "prefill" else "decode"
+        if s.strip and d == s.strip * bs:
+            return "strip"  # the engine kept blocks the contract strips
+        if s.kind == "prefill" and (s.shift or d > 0):
+            return "shift"
+        return "strip"
+
+    def _why(self) -> str:
+        s = self.last
+        notes = []
+        if s.shift:
+            notes.append(f"the contract shifts by {s.shift} tokens")
+        if s.strip:
+            notes.append(f"the contract strips {s.strip} block{'s' if s.strip > 1 else ''}")
+        return f" ({'; '.join(notes)})" if notes else ""
+
+    # -- recovery ------------------------------------------------------------------------------
+    def resync(self, tkv: int, rows: Sequence[RowState], waiting: Sequence[str]) -> None:
+        """Adopt an engine's state, so one divergence is reported once and later steps still count."""
+        known = self.known
+        self.tkv = tkv
+        self.rows = [
+            ModelRow(
+                e.request_id,
+                e.left_pad,
+                e.num_cached,
+                e.generated,
+                known[e.request_id].max_tokens if e.request_id in known else e.generated,
+                len(e.blocks) + e.reserved,
+            )
+            for e in rows
+        ]
+        self.reserved = sum(r.reservation for r in self.rows)
+        self.waiting = deque(known[rid] for rid in waiting if rid in known)
+
+
+def _did(kind: str, admitted: str | None) -> str:
+    if kind == "prefill":
+        return f"prefills {admitted}"
+    return {"decode": "decodes", "idle": "idles"}.get(kind, kind)

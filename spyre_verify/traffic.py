@@ -1,0 +1,106 @@
+"""Coverage traffic from the oracle: for every bucket the independent walk reaches, the
+walk's own witness replayed as arrivals on a real engine, and the one loop that drives
+a scenario from an idle engine until it is idle again.
+
+Nothing here asks the runtime what it should do: the expected answer is the walk. A
+scenario that does not dispatch its target on the engine is a finding about the engine,
+reported by whoever runs it, never a reason to drop or rewrite the scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.bucketer import KERNELS, Bucket
+from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from spyre_verify.oracle.walk import Action, reachable
+from spyre_verify.workload import Arrival
+
+
+class PlanError(Exception):
+    """A scenario did not run as the walk says it must: the engine went idle with
+    arrivals still to come, or was still busy after its step limit."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    target: Bucket
+    path: tuple[Action, ...]  # the walk's witness: its last action dispatches `target`
+    arrivals: tuple[Arrival, ...]  # `step` counts from the scenario's first step
+
+    @property
+    def witness(self) -> str:
+        return ", ".join(map(str, self.path)) or "no actions"
+
+
+def prompt(length: int, vocab: int, salt: int = 0) -> tuple[int, ...]:
+    """Deterministic tokens inside the vocab; `salt` keeps two arrivals' prompts apart."""
+    return tuple((7 * i + 3 + 11 * salt) % vocab for i in range(length))
+
+
+def arrivals(path: tuple[Action, ...], vocab: int) -> tuple[Arrival, ...]:
+    """A join at position i is a request added just before step i; a decode adds nothing."""
+    out: list[Arrival] = []
+    for i, action in enumerate(path):
+        if action.kind == "join":
+            out.append(Arrival(i, prompt(action.prompt_len, vocab, len(out)), action.max_tokens))
+        elif action.kind != "decode":
+            raise ValueError(f"witness action {action}: only 'join' and 'decode' can be replayed as arrivals")
+    return tuple(out)
+
+
+def _order(b: Bucket) -> tuple[int, Bucket]:
+    return KERNELS.index(b.kernel) if b.kernel in KERNELS else len(KERNELS), b
+
+
+def coverage_scenarios(config: RuntimeConfig) -> list[Scenario]:
+    """One scenario per bucket of the oracle's reachable set, built from its witness."""
+    found = reachable(config)
+    vocab = config.model.vocab_size
+    return [
+        Scenario(b, found.witnesses[b], arrivals(found.witnesses[b], vocab)) for b in sorted(found.buckets, key=_order)
+    ]
+
+
+def step_limit(config: RuntimeConfig) -> int:
+    """Steps a witness scenario may take: its path, then at most one decode per token left."""
+    return 4 * config.max_model_len + 8
+
+
+def drive(engine: Any, pending_arrivals: tuple[Arrival, ...], max_steps: int) -> list[Bucket]:
+    """Run one scenario from an idle engine until idle again; the buckets it dispatched, in order."""
+    start, pending, dispatched = engine.steps, list(pending_arrivals), []
+    while pending or engine.has_work():
+        while pending and pending[0].step <= engine.steps - start:
+            a = pending.pop(0)
+            engine.add_request(list(a.prompt), a.max_tokens)
+        if not engine.has_work():
+            raise PlanError(f"engine idle at step {engine.steps - start} with {len(pending)} arrivals pending")
+        if engine.steps - start >= max_steps:
+            raise PlanError(f"scenario still busy after {max_steps} steps")
+        result = engine.step()
+        if result.bucket is not None:
+            dispatched.append(result.bucket)
+    return dispatched
+
+
+def run_scenario(engine: Any, scenario: Scenario, max_steps: int) -> str | None:
+    """Drive one scenario; None when the engine dispatched its target, else why not (a finding).
+
+    A scenario the engine did not follow (idle too early, a request rejected) leaves the
+    engine drained and idle, so the next scenario starts clean. Anything else the engine
+    raises propagates: its state is no longer trusted.
+    """
+    try:
+        seen = drive(engine, scenario.arrivals, max_steps)
+    except (PlanError, RequestError) as e:
+        engine.run_until_done(max_steps)
+        return f"{scenario.target}: the walk's witness '{scenario.witness}' did not run: {type(e).__name__}: {e}"
+    if scenario.target in seen:
+        return None
+    return (
+        f"{scenario.target}: the walk's witness '{scenario.witness}' must dispatch it; "
+        f"the engine dispatched {sorted(set(map(str, seen)))}"
+    )

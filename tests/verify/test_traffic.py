@@ -1,0 +1,141 @@
+"""Coverage traffic from the oracle: one scenario per bucket the walk reaches, built from
+its witness; the walk's witnesses dispatch their bucket on the runtime; the one driver
+loop refuses a scenario the engine did not follow, and a runtime that leaves the
+contract is reported as a finding, not planned around."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.block_pool import BlockPool
+from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
+from runtime.config import RuntimeConfig
+from runtime.engine import Engine, StepResult
+from runtime.metadata import MetadataBuilder
+from runtime.scheduler import Scheduler
+from spyre_verify.oracle.walk import Action, reachable
+from spyre_verify.traffic import PlanError, Scenario, arrivals, coverage_scenarios, drive, run_scenario, step_limit
+from spyre_verify.workload import Arrival
+
+DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+
+
+class TensorFree:
+    """The runtime's scheduler and builder stepped without a model: a fast stand-in for
+    Engine.step, used only here to hold the walk's witnesses against the runtime."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.scheduler = Scheduler(config, BlockPool(config.total_blocks))
+        self.builder = MetadataBuilder(SpyreAttnBucketer(config))
+        self.steps = 0
+
+    def add_request(self, prompt: list[int], max_tokens: int) -> str:
+        return self.scheduler.add(prompt, max_tokens)
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> StepResult:
+        sched, self.steps = self.scheduler, self.steps + 1
+        adm = sched.next_admission()
+        if adm is not None:
+            req = sched.admit(adm)
+            bucket = self.builder.build_prefill(req.seq_state(), sched.tkv).bucket
+            sched.record_prefill(req, 0)
+            return StepResult("prefill", bucket, ())
+        sched.grow_for_decode()
+        bucket = self.builder.build_decode(sched.seq_states(), sched.tkv).bucket
+        sched.record_decode([0] * len(sched.running))
+        return StepResult("decode", bucket, ())
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> RuntimeConfig:
+    bs = draw(st.sampled_from([1, 2, 4]))
+    length = draw(st.integers(2, 12))
+    seqs = draw(st.integers(1, 3))
+    per_seq = -(-length // bs)
+    pool = draw(st.one_of(st.none(), st.integers(per_seq + 1, per_seq * seqs + 2)))
+    rungs = draw(st.one_of(st.none(), st.sets(st.integers(1, per_seq - 1), max_size=2) if per_seq > 1 else st.none()))
+    kv = None if rungs is None else tuple(sorted(r * bs for r in {*rungs, per_seq}))
+    return RuntimeConfig(
+        block_size=bs,
+        max_model_len=length,
+        max_num_seqs=seqs,
+        num_blocks=pool,
+        kv_buckets=kv,
+        batched_decode=draw(st.booleans()),
+    )
+
+
+def test_one_scenario_per_reachable_bucket_built_from_its_witness() -> None:
+    found = reachable(DEFAULT)
+    scenarios = coverage_scenarios(DEFAULT)
+    assert len(scenarios) == len(found.buckets) == 16
+    assert {s.target for s in scenarios} == found.buckets
+    assert [s.target.kernel for s in scenarios] == sorted((s.target.kernel for s in scenarios), key=KERNEL_ORDER.index)
+    vocab = DEFAULT.model.vocab_size
+    for s in scenarios:
+        assert s.path == found.witnesses[s.target]
+        joins = [(i, a) for i, a in enumerate(s.path) if a.kind == "join"]
+        assert [(a.step, len(a.prompt), a.max_tokens) for a in s.arrivals] == [
+            (i, j.prompt_len, j.max_tokens) for i, j in joins
+        ]
+        assert all(0 <= t < vocab for a in s.arrivals for t in a.prompt)
+
+
+KERNEL_ORDER = ["decode", "batched", "prefill"]
+
+
+def test_decodes_add_no_arrival_and_prompts_differ_between_joins() -> None:
+    path = (Action("join", 3, 2), Action("decode"), Action("join", 3, 1))
+    first, second = arrivals(path, vocab=50)
+    assert (first.step, second.step) == (0, 2)
+    assert first.prompt != second.prompt and len(first.prompt) == len(second.prompt) == 3
+    with pytest.raises(ValueError, match="only 'join' and 'decode'"):
+        arrivals((Action("abort"),), vocab=50)
+
+
+@settings(derandomize=True, deadline=None, max_examples=80)
+@given(configs())
+def test_every_witness_dispatches_its_bucket_on_the_runtime(config: RuntimeConfig) -> None:
+    for s in coverage_scenarios(config):
+        seen = drive(TensorFree(config), s.arrivals, step_limit(config))
+        assert seen[len(s.path) - 1] == s.target, (s.witness, seen)
+
+
+def test_every_witness_dispatches_its_bucket_on_a_real_engine() -> None:
+    engine = Engine(DEFAULT)
+    for s in coverage_scenarios(DEFAULT):
+        assert run_scenario(engine, s, step_limit(DEFAULT)) is None
+        assert not engine.has_work()
+
+
+def test_drive_refuses_an_idle_engine_with_arrivals_pending_and_a_scenario_that_never_ends() -> None:
+    with pytest.raises(PlanError, match="engine idle at step 0 with 1 arrivals pending"):
+        drive(TensorFree(TINY), (Arrival(5, (1,), 1),), 64)
+    with pytest.raises(PlanError, match="still busy after 3 steps"):
+        drive(TensorFree(TINY), (Arrival(0, (1,), 4),), 3)
+
+
+def test_a_runtime_that_never_batches_is_a_finding_naming_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SpyreAttnBucketer, "uses_batched", lambda self, seqs: False)
+    engine = Engine(TINY)
+    batched = [s for s in coverage_scenarios(TINY) if s.target.kernel == BATCHED]
+    assert [str(s.target) for s in batched] == ["batched(2, 1, False, True)", "batched(2, 2, False, True)"]
+    for s in batched:
+        miss = run_scenario(engine, s, step_limit(TINY))
+        assert miss is not None and miss.startswith(f"{s.target}: the walk's witness '{s.witness}' must dispatch it")
+        assert "decode(" in miss and not engine.has_work()
+
+
+def test_a_rejected_request_is_a_finding_and_leaves_the_engine_idle() -> None:
+    engine = Engine(TINY)
+    target = Bucket(BATCHED, (2, 1, False, True))
+    never_fits = Scenario(target, (Action("join", 1, 3),), (Arrival(0, (1,), 3), Arrival(1, (1,) * 8, 4)))
+    miss = run_scenario(engine, never_fits, step_limit(TINY))
+    assert miss is not None and miss.startswith(f"{target}: the walk's witness 'join(1, 3)' did not run: RequestError")
+    assert not engine.has_work()
