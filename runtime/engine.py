@@ -10,8 +10,8 @@ import torch
 
 from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
-from runtime.config import RuntimeConfig
 from runtime.compiler import BackendWrapper
+from runtime.config import RuntimeConfig
 from runtime.events import (
     BatchInfo,
     BlockTableEvent,
