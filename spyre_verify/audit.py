@@ -146,7 +146,7 @@ def _traffic(engine: Engine, scenarios: tuple[Scenario, ...], progress: Progress
         try:
             miss = run_scenario(engine, sc, limit)
         except Exception as e:  # mid-step: the engine's state is no longer trusted
-            out.crash = f"{sc.target} ({sc.witness}): {_first_line(e)}"
+            out.crash = f"the scenario for {sc.target} ({sc.witness}): {_first_line(e)}"
             out.not_run = len(scenarios) - i - 1
             progress(f"traffic: scenario for {sc.target} crashed; {out.not_run} scenarios not run")
             break
@@ -223,23 +223,30 @@ def _run(
     engine.subscribe(log)
     t0 = time.perf_counter()
     say(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend} on {config.device}")
-    engine.warmup(lambda i, n, b: say(f"warmup: {i}/{n} {b}"))
-    seconds[WARMUP] = time.perf_counter() - t0
-    warmed = sorted(b for b, st in log.stats.items() if st.compile_seconds is not None)
-    log.stage, t0 = PREFLIGHT, time.perf_counter()
-    _preflight(engine, sorted(reachable | set(warmed)), log)
-    seconds[PREFLIGHT] = time.perf_counter() - t0
-    log.stage = TRAFFIC
-    say(f"traffic: {len(scenarios)} scenarios")
-    traffic = _traffic(engine, scenarios, say)
-    seconds[TRAFFIC] = traffic.seconds
-    log.stage, t0 = REPLAY, time.perf_counter()
-    say(f"replay: {replays} timed calls of each of {len(warmed)} warm graphs")
-    _replay(engine, warmed, replays, log)
-    seconds[REPLAY] = time.perf_counter() - t0
-    log.stage, t0 = CONTROLS, time.perf_counter()
-    controls, controls_error = _controls(engine, graph)
-    seconds[CONTROLS] = time.perf_counter() - t0
+    try:
+        engine.warmup(lambda i, n, b: say(f"warmup: {i}/{n} {b}"))
+    except Exception as e:  # the runtime under test crashed: a failed audit, not an internal error
+        seconds[WARMUP] = time.perf_counter() - t0
+        say(f"warmup crashed: {_first_line(e)}")
+        traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios))
+        controls, controls_error = [], "not run: warmup crashed"
+    else:
+        seconds[WARMUP] = time.perf_counter() - t0
+        warmed = sorted(b for b, st in log.stats.items() if st.compile_seconds is not None)
+        log.stage, t0 = PREFLIGHT, time.perf_counter()
+        _preflight(engine, sorted(reachable | set(warmed)), log)
+        seconds[PREFLIGHT] = time.perf_counter() - t0
+        log.stage = TRAFFIC
+        say(f"traffic: {len(scenarios)} scenarios")
+        traffic = _traffic(engine, scenarios, say)
+        seconds[TRAFFIC] = traffic.seconds
+        log.stage, t0 = REPLAY, time.perf_counter()
+        say(f"replay: {replays} timed calls of each of {len(warmed)} warm graphs")
+        _replay(engine, warmed, replays, log)
+        seconds[REPLAY] = time.perf_counter() - t0
+        log.stage, t0 = CONTROLS, time.perf_counter()
+        controls, controls_error = _controls(engine, graph)
+        seconds[CONTROLS] = time.perf_counter() - t0
     stats = dict(log.stats)
     b = engine.bucketer
     return AuditResult(

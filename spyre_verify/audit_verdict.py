@@ -119,7 +119,7 @@ def failures(result: AuditResult, table: list[Row]) -> list[str]:
     out += [f"{m} (the engine left the contract)" for m in result.traffic.misses]
     if result.traffic.crash:
         out.append(
-            f"traffic crashed in the scenario for {result.traffic.crash}; {result.traffic.not_run} scenarios not run"
+            f"the runtime crashed in {result.traffic.crash}; {result.traffic.not_run} scenarios not run"
         )
     for c in result.controls:
         if not c.detected:

@@ -38,7 +38,7 @@ from spyre_verify.hunt_config import check_config, raw_configs
 from spyre_verify.hunt_findings import Finding, crash, from_runtime, kv_of, ops_for, warm_ladder
 from spyre_verify.hunt_lockstep import Lockstep
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
-from spyre_verify.oracle.walk import Action, Reachable, reachable, to_bucket, walk
+from spyre_verify.oracle.walk import Reachable, reachable
 from spyre_verify.padding_rules import block_table_problems
 from spyre_verify.strategies import BatchState, Op, StepPoint, configs, draw_config, draw_ops, ints, replay
 
@@ -182,17 +182,7 @@ def oracle_reachable(config: RuntimeConfig, budget: int = WALK_BUDGET) -> Reacha
     `oracle.walk.reachable` falls back to random walks above its budget (seconds per
     config); a hunt sees thousands of configs, so it keeps the breadth-first part instead.
     """
-    c = config
-    walked = walk(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks, max_states=budget)
-    if walked.complete:
-        return reachable(config, budget)
-    lad = ladders(c)
-    witnesses: dict[Bucket, tuple[Action, ...]] = {}
-    for shape in sorted(walked.shapes, key=lambda s: (len(walked.paths[s]), s)):
-        bucket = to_bucket(lad, shape)
-        if bucket is not None:
-            witnesses.setdefault(bucket, walked.paths[shape])
-    return Reachable(frozenset(witnesses), f"partial ({budget} states)", walked.states, witnesses)
+    return reachable(config, budget, sampled=False)
 
 
 def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = WALK_BUDGET) -> list[Finding]:

@@ -174,14 +174,21 @@ def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
     return prefill_key(lad, a) if kind == "prefill" else decode_key(lad, a, b)
 
 
-def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0) -> Reachable:
-    """The buckets some valid batch state of `config` dispatches to, each with a witness."""
+def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, sampled: bool = True) -> Reachable:
+    """The buckets some valid batch state of `config` dispatches to, each with a witness.
+
+    Above `budget` states: random walks (`sampled=True`, seconds on a large config), or
+    just the breadth-first part walked within the budget (`sampled=False`, for hunts that
+    see thousands of configs).
+    """
     c = config
     args = (c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks)
     walked = walk(*args, max_states=budget)
     method = "exhaustive"
-    if not walked.complete:
+    if not walked.complete and sampled:
         walked, method = sample(*args, runs=200, seed=seed), "sampled"
+    elif not walked.complete:
+        method = f"partial ({budget} states)"
     lad = ladders(c)
     witnesses: dict[Bucket, tuple[Action, ...]] = {}
     for shape in sorted(walked.shapes, key=lambda s: (len(walked.paths[s]), s)):

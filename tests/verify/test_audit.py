@@ -103,10 +103,26 @@ def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes(monkey
     assert p["verdict"] == "fail" and p["conditions"]["traffic_completed"] is False
     assert p["traffic"]["scenarios_run"] == 1 and p["traffic"]["not_run"] == len(good) - 1
     assert any(
-        f.startswith(f"traffic crashed in the scenario for {good[0].target} (no actions): RuntimeError: pool corrupted")
+        f.startswith(
+            f"the runtime crashed in the scenario for {good[0].target} (no actions): RuntimeError: pool corrupted"
+        )
         for f in p["failures"]
     ), p["failures"]
     assert all(b["replay_median_us"] for b in p["buckets"] if b["warmed"])  # later stages still ran
+
+
+def test_a_warmup_that_crashes_fails_the_audit_with_a_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+
+    def broken(self: Engine, progress: Any = None) -> None:
+        raise RuntimeError("kernel table corrupted")
+
+    monkeypatch.setattr(Engine, "warmup", broken)
+    p = payload(run_audit(config, replays=1))
+    assert p["verdict"] == "fail" and p["conditions"]["traffic_completed"] is False
+    assert any(
+        f.startswith("the runtime crashed in warmup: RuntimeError: kernel table corrupted") for f in p["failures"]
+    ), p["failures"]
 
 
 def test_over_pruned_warmup_fails_the_audit_naming_the_missing_bucket(
