@@ -121,6 +121,40 @@ def test_freed_blocks_can_be_allocated_again() -> None:
     assert sorted(pool.allocate("b", 2)) == sorted(first)
 
 
+def test_a_pool_needs_one_usable_block() -> None:
+    with pytest.raises(AssertionError, match=r"^a pool needs the null block and one usable block"):
+        BlockPool(1)
+    assert BlockPool(2).usable == 1
+
+
+def test_allocate_hands_out_one_block_by_default() -> None:
+    pool = BlockPool(4)
+    assert len(pool.allocate("a")) == 1
+    assert pool.num_free == 2
+
+
+def test_negative_allocation_is_refused_by_name() -> None:
+    pool = BlockPool(4)
+    before = pool.snapshot()
+    with pytest.raises(PoolExhausted, match=r"cannot allocate a negative number of blocks \(-1\) for 'a'"):
+        pool.allocate("a", -1)
+    assert pool.snapshot() == before
+
+
+def test_allocation_guard_refuses_a_corrupted_free_list() -> None:
+    # The free list is private, but a double free or a bad seam could corrupt it: the
+    # guard must catch the null block or an owned block coming out of it.
+    pool = BlockPool(4)
+    pool._free.appendleft(NULL_BLOCK)
+    with pytest.raises(AssertionError):
+        pool.allocate("a", 1)
+    pool = BlockPool(4)
+    owned = pool.allocate("a", 1)[0]
+    pool._free.appendleft(owned)
+    with pytest.raises(AssertionError):
+        pool.allocate("b", 1)
+
+
 # -- state machine ---------------------------------------------------------------------
 
 OWNERS = st.sampled_from(["a", "b", "c"])

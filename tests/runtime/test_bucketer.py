@@ -89,8 +89,6 @@ def test_pruned_buckets_have_reasons_and_candidates_are_the_full_product(kwargs:
     b = bucketer(**kwargs)
     pruned = b.pruned()
     assert all(p.reason.strip() for p in pruned), "every pruned bucket needs a reason"
-    pruned_set = {p.bucket for p in pruned}
-    assert not pruned_set & b.warm_set()
     n_kv, n_seqs = len(b.kv_blocks), len(b.num_seqs)
     assert len(set(b.candidates())) == n_kv + 4 * n_seqs * n_kv + len(b.prefill_tokens)
 
@@ -160,6 +158,25 @@ def test_warm_set_equals_walked_reachable_set(bs: int, seqs: int, pool: str) -> 
         where = f"bs={bs} L={L} S={seqs} num_blocks={b.config.total_blocks}"
         assert walked - warm == set(), f"{where}: reachable but never warmed"
         assert warm - walked == set(), f"{where}: warmed but unreachable"
+
+
+# Pools from two blocks above the minimum up to room for every row's extra blocks: where
+# the batched and shifted-prefill bounds sit (t + 2 for a join that shifts, ~2 per row).
+ROOMY_LIMITS = {2: 16, 3: 10}
+
+
+@pytest.mark.parametrize("bs", [2, 4, 8])
+@pytest.mark.parametrize("seqs", sorted(ROOMY_LIMITS))
+def test_warm_set_equals_walked_reachable_set_as_the_pool_grows(bs: int, seqs: int) -> None:
+    for L in range(bs + 1, ROOMY_LIMITS[seqs] + 1):
+        smallest = math.ceil(L / bs)
+        for usable in range(smallest + 2, smallest + 2 * seqs + 2):
+            b = bucketer(block_size=bs, max_model_len=L, max_num_seqs=seqs, num_blocks=usable + 1)
+            walked = walked_keys(b)
+            where = f"bs={bs} L={L} S={seqs} usable={usable}"
+            assert walked == b.warm_set(), (
+                f"{where}: walked-only {walked - b.warm_set()}, warm-only {b.warm_set() - walked}"
+            )
 
 
 def test_tight_pool_warm_set_equals_walk_on_a_larger_config() -> None:

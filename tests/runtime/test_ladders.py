@@ -144,3 +144,37 @@ def test_prefill_ladder_table() -> None:
     b = SpyreAttnBucketer(RuntimeConfig(block_size=64, max_model_len=200, backend="eager"))
     assert b.prefill_tokens == (64, 128, 192, 256)
     assert [b.prefill_rung(t) for t in (1, 64, 65, 200, 256)] == [64, 64, 128, 256, 256]
+
+
+# -- what a NoRungError says ------------------------------------------------------------------
+
+
+def test_rung_errors_name_the_ladder_the_size_and_its_top() -> None:
+    b = SpyreAttnBucketer(RuntimeConfig(block_size=64, max_model_len=2048, max_num_seqs=8, backend="eager"))
+    cases = [
+        (lambda: b.kv_rung(33), "KV blocks 33 is above the top rung 32 of [1, 2, 4, 8, 16, 32]"),
+        (lambda: b.decode_bucket(1, 33), "KV blocks 33 is above the top rung 32 of [1, 2, 4, 8, 16, 32]"),
+        (lambda: b.seqs_rung(9), "num_seqs 9 is above the top rung 8 of [2, 4, 8]"),
+        (lambda: b.decode_bucket(9, 1), "num_seqs 9 is above the top rung 8 of [2, 4, 8]"),
+        (lambda: b.prefill_rung(2049), "prefill tokens 2049 is above the top rung 2048 of [64, 128,"),
+    ]
+    for call, message in cases:
+        with pytest.raises(NoRungError) as e:
+            call()
+        assert str(e.value).startswith(message)
+
+
+def test_an_empty_ladder_has_no_rung_and_says_so() -> None:
+    # max_num_seqs=1: the num_seqs ladder is empty, and rounding on it is a NoRungError, not an IndexError.
+    b = SpyreAttnBucketer(RuntimeConfig(max_num_seqs=1, backend="eager"))
+    with pytest.raises(NoRungError, match=r"^num_seqs 1 is above the top rung None of \[\]$"):
+        b.seqs_rung(1)
+
+
+def test_ladders_reports_the_three_ladders() -> None:
+    b = SpyreAttnBucketer(RuntimeConfig(block_size=16, max_model_len=100, max_num_seqs=5, backend="eager"))
+    assert b.ladders() == {
+        "kv_blocks": (1, 2, 4, 7),
+        "num_seqs": (2, 4, 5),
+        "prefill_tokens": (16, 32, 48, 64, 80, 96, 112),
+    }

@@ -150,3 +150,28 @@ def test_injected_padding_block_shows_in_padded_entries() -> None:
     )
     md = mb.build_decode([A, B, C], tkv=8)
     assert md.block_table[1] == (7, 7, 10, 7) and md.block_table[3] == (7, 7, 7, 7)
+
+
+def test_decode_metadata_carries_the_batch_tkv() -> None:
+    assert builder().build_decode([A, B], tkv=8).tkv == 8
+    assert builder().build_decode([B], tkv=8).tkv == 8
+
+
+def test_decode_refuses_an_empty_batch() -> None:
+    with pytest.raises(AssertionError, match=r"^decode needs at least one running sequence"):
+        builder().build_decode([], tkv=8)
+
+
+def test_decode_refuses_a_row_that_does_not_end_at_tkv() -> None:
+    with pytest.raises(AssertionError, match=r"^rows must end at tkv"):
+        builder().build_decode([A, B], tkv=9)
+
+
+def test_slot_past_the_rows_last_block_is_refused() -> None:
+    # Row A holds blocks for positions 0..11; position 12 would need a fourth block it does not have.
+    mb = builder()
+    assert mb.slot(A, 11) == 9 * BS + 3
+    with pytest.raises(AssertionError, match=r"^a: position 12 has no real block"):
+        mb.slot(A, 12)
+    with pytest.raises(AssertionError, match=r"^b: position 3 has no real block"):
+        mb.slot(B, 3)  # inside b's whole padding block
