@@ -118,9 +118,7 @@ def failures(result: AuditResult, table: list[Row]) -> list[str]:
     out += [f"{r.bucket}: replay failed: {r.stats.replay_error}" for r in table if r.stats.replay_error]
     out += [f"{m} (the engine left the contract)" for m in result.traffic.misses]
     if result.traffic.crash:
-        out.append(
-            f"the runtime crashed in {result.traffic.crash}; {result.traffic.not_run} scenarios not run"
-        )
+        out.append(f"the runtime crashed in {result.traffic.crash}; {result.traffic.not_run} scenarios not run")
     for c in result.controls:
         if not c.detected:
             out.append(
