@@ -165,6 +165,14 @@ BUGS: list[Bug] = [
         "add_request accepts a request that only fits unpadded; it can never be admitted",
         SCHED,
     ),
+    bug(
+        "request-accepts-zero-max-tokens",
+        "runtime/scheduler.py",
+        "        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:\n",
+        "        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:\n",
+        "add_request accepts max_tokens=0 (the bound is written as non-negative)",
+        SCHED,
+    ),
     # -- padded rows and entries of a block table --------------------------------------------------
     bug(
         "padded-rows-copy-row-0",
@@ -353,6 +361,14 @@ BUGS: list[Bug] = [
         "SPYRE_BATCHED_DECODE loses to an explicit batched_decode argument",
         CONFIG,
     ),
+    bug(
+        "env-backend-does-not-override",
+        "runtime/config.py",
+        '            kwargs["backend"] = parse_backend(env[ENV_BACKEND], ENV_BACKEND)\n',
+        '            kwargs.setdefault("backend", parse_backend(env[ENV_BACKEND], ENV_BACKEND))\n',
+        "SPYRE_DYNAMO_BACKEND loses to an explicit backend argument",
+        CONFIG,
+    ),
     # -- metadata builder: slots, left pad, widths -------------------------------------------------------
     bug(
         "row-lead-rounds-up",
@@ -393,6 +409,14 @@ BUGS: list[Bug] = [
         "        real_key = pos[None, :] >= left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)\n",
         "        real_key = pos[None, :] > left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)\n",
         "prefill masks the first real token as if it were padding",
+        KERNEL,
+    ),
+    bug(
+        "per-seq-decode-row-0-left-pad",
+        "runtime/paged_attention.py",
+        "                st.seq_left_pad.copy_(st.left_pads[i : i + 1])\n",
+        "                st.seq_left_pad.copy_(st.left_pads[0:1])\n",
+        "the per-sequence decode loop masks every row with row 0's left padding (copy-paste of the first row)",
         KERNEL,
     ),
     # -- engine ------------------------------------------------------------------------------------------

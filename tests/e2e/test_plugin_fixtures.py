@@ -33,7 +33,9 @@ def test_compiles_inside_the_audit(graph_audit):
 
 def test_graph_audit_fails_a_test_that_compiles(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER_COMPILES)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    # A subprocess: an in-process run would drop the torch modules it imported first from
+    # sys.modules afterwards, and a later re-import in this worker breaks torch's registries.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "a graph compiled inside the audited block" in result.stdout.str()
 
@@ -53,7 +55,7 @@ def test_audit_with_its_stance_disabled(spyre_engine, graph_audit, monkeypatch):
 
 def test_graph_audit_reports_itself_broken_when_its_stance_is_disabled(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner=INNER_NO_STANCE)
-    # A subprocess: an in-process rerun re-imports torch._inductor modules under xdist.
+    # A subprocess, as above.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
