@@ -229,7 +229,8 @@ def _run(
         seconds[WARMUP] = time.perf_counter() - t0
         say(f"warmup crashed: {_first_line(e)}")
         traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios))
-        controls, controls_error = [], "not run: warmup crashed"
+        controls: list[ControlResult] = []
+        controls_error: str | None = "not run: warmup crashed"
     else:
         seconds[WARMUP] = time.perf_counter() - t0
         warmed = sorted(b for b, st in log.stats.items() if st.compile_seconds is not None)

@@ -9,11 +9,25 @@ from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_
 from spyre_verify.session import RunResult
 
 
-def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
+def pass_summary(r: RunResult) -> dict[str, Any]:
+    """A second serving pass, in brief: its verdict, violations and what it served."""
+    coverage = r.checker("dispatch-coverage").summary().get("coverage", {})
+    return {
+        "verdict": "pass" if r.ok else "fail",
+        "env_overrides": r.config.env_overrides(),
+        "warmup_graphs": r.warmup_graphs,
+        "steps": r.steps,
+        "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered")},
+        "violations": [v.to_dict() for v in r.violations],
+        "error": r.error,
+    }
+
+
+def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | None = None) -> dict[str, Any]:
     graph = result.checker("graph-reuse").summary()
     coverage = result.checker("dispatch-coverage").summary().get("coverage", {})
     output = result.checker("output-equivalence")
-    verdict_ok = result.ok and (rows is None or all(r.caught for r in rows))
+    verdict_ok = result.ok and (rows is None or all(r.caught for r in rows)) and (per_seq is None or per_seq.ok)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "check",
@@ -35,6 +49,7 @@ def payload(result: RunResult, rows: list[KillRow] | None) -> dict[str, Any]:
         "checks": [c.summary() for c in result.checkers],
         "control_calls": graph["controls"],
         "controls": [r.to_dict() for r in rows] if rows is not None else None,
+        "per_sequence_pass": pass_summary(per_seq) if per_seq is not None else None,
         "error": result.error,
     }
 
@@ -72,6 +87,14 @@ def markdown(p: dict[str, Any]) -> str:
         lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
     rows = [[b, str(n)] for b, n in p["dispatch"].items()]
     lines += ["## Dispatch", "", table(rows, ["bucket", "dispatches"]), ""]
+    if p["per_sequence_pass"]:
+        q = p["per_sequence_pass"]
+        first = f"; first violation: {q['violations'][0]['message']}" if q["violations"] else ""
+        lines += [
+            f"Per-sequence pass (batched decode off): {q['verdict'].upper()}, {q['steps']} steps, served "
+            f"{q['coverage']['served']} of {q['coverage']['reachable']} reachable buckets{first}",
+            "",
+        ]
     if p["error"]:
         lines += [f"Serving stopped early: {p['error']}", ""]
     return "\n".join(lines)

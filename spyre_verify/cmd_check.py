@@ -43,16 +43,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--requests={args.requests}: must be at least 1")
     single_thread()
     work = seeded_workload(config, args.requests, args.seed)
-    rows = None
+    rows, per_seq = None, None
     if args.fault:
         say(f"running under fault {args.fault}: {faults.get(args.fault).description}")
         result = run_fault(config, args.fault, work, progress=say)
     else:
         result = verify(config, workload=work, progress=say)
+        if config.batched_decode:
+            # With batched decode on, the per-sequence kernel only ever serves one row.
+            say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
+            per_seq = verify(config.with_(batched_decode=False), workload=work, controls=False, progress=say)
         if not args.no_controls:
             say(f"fault catalog: {len(faults.CATALOG)} faults, each in a fresh compile state")
             rows = kill_table(config, work, progress=say)
-    p = payload(result, rows)
+    p = payload(result, rows, per_seq)
     name = f"check-{args.fault}" if args.fault else "check"
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))

@@ -65,6 +65,12 @@ def draw_raw_config(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
         env[ENV_BATCHED_DECODE] = draw(_EDGE_FLAGS if defect == "batched" else _FLAGS)
     if defect == "backend" or not draw(ints(0, 3)):
         env[ENV_BACKEND] = draw(_EDGE_BACKENDS if defect == "backend" else _BACKENDS)
+    # Arguments the env may override: DESIGN's env wins over an argument, whichever is set.
+    if not draw(ints(0, 3)):
+        kwargs["batched_decode"] = draw(BOOLS)
+    if not draw(ints(0, 3)):
+        top = per_seq * good
+        kwargs["kv_buckets"] = tuple(sorted({top, good * draw(ints(1, max(1, per_seq)))}))
     return kwargs, env
 
 

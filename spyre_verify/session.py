@@ -26,7 +26,7 @@ from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.violations import Checker, InvariantViolation, Violation
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.workload import Arrival, boundary_arrivals, seeded_workload
 
 Progress = Callable[[str], None]
 
@@ -178,6 +178,9 @@ def verify(
         t0 = time.perf_counter()
         with graph.guard() if graph is not None else contextlib.nullcontext():
             result.requests, result.rejected = serve(engine, workload, progress, checkers)
+            # Then the edge of admission: each must be admitted or refused exactly as DESIGN says.
+            edge = serve(engine, boundary_arrivals(config), progress, checkers)
+            result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
             if coverage:
                 stage = "coverage traffic"
                 result.scenarios, result.coverage_problems = cover(engine, progress)

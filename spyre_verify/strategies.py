@@ -187,13 +187,26 @@ def draw_ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 24) -> list
             short = not draw(BOOLS)  # one draw for the whole burst
             for _ in range(min(burst, max_size - len(events) - 1)):
                 events.append(Op("add", *draw_request(draw, config, short)))
+            if not draw(ints(0, 7)) and len(events) < max_size - 1:
+                events.append(Op("add", *draw_refused(draw, config)))
         events.append(Op("step", steps=draw(ints(1, max(1, config.max_model_len)))))
     return events
 
 
+def draw_refused(draw: st.DrawFn, config: RuntimeConfig) -> tuple[int, int]:
+    """A request just outside what DESIGN admits at `add_request`: one token too long once
+    the prompt is padded to a block, or no tokens to generate at all."""
+    bs, L = config.block_size, config.max_model_len
+    p = draw(ints(1, max(1, L)))
+    if draw(BOOLS):
+        return p, 0
+    return p, max(1, L - math.ceil(p / bs) * bs + 1)
+
+
 @st.composite
 def ops(draw: st.DrawFn, config: RuntimeConfig, max_size: int = 24) -> list[Op]:
-    """Event sequences for a config: adds of fitting requests and runs of steps."""
+    """Event sequences for a config: adds of fitting requests, now and then one that DESIGN
+    refuses at `add_request` (it must be refused, and change nothing), and runs of steps."""
     return draw_ops(draw, config, max_size)
 
 

@@ -32,3 +32,18 @@ def seeded_workload(config: RuntimeConfig, requests: int, seed: int = 0) -> list
         mt = rng.choice([1, rng.randint(1, room), room])
         out.append(Arrival(step, tuple(rng.randrange(vocab) for _ in range(p)), max(1, mt)))
     return out
+
+
+def boundary_arrivals(config: RuntimeConfig) -> list[Arrival]:
+    """Requests at the edge of admission, all at step 0: for a few prompt lengths, the
+    longest output that fits once the prompt is padded to a block (DESIGN admits it), one
+    token more and zero tokens (DESIGN refuses both at `add_request`)."""
+    bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
+    out = []
+    for p in sorted({1, bs - 1, bs, bs + 1, L - 1, L} - {0}):
+        prompt = tuple((5 * i + 1) % vocab for i in range(p))
+        room = L - math.ceil(p / bs) * bs
+        if room >= 1:
+            out.append(Arrival(0, prompt, room))
+        out += [Arrival(0, prompt, max(1, room + 1)), Arrival(0, prompt, 0)]
+    return out
