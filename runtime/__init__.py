@@ -1,21 +1,7 @@
-"""A small, real attention-bucketing runtime: the system spyre-verify verifies."""
+"""A small, real attention-bucketing runtime: the system spyre-verify verifies.
 
-from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, Bucket, SpyreAttnBucketer
-from runtime.config import ModelDims, RuntimeConfig
-from runtime.errors import ConfigError, NoRungError, OwnershipError, PoolExhausted, RequestError
-
-__all__ = [
-    "BATCHED",
-    "DECODE",
-    "KERNELS",
-    "PREFILL",
-    "Bucket",
-    "ConfigError",
-    "ModelDims",
-    "NoRungError",
-    "OwnershipError",
-    "PoolExhausted",
-    "RequestError",
-    "RuntimeConfig",
-    "SpyreAttnBucketer",
-]
+Data flows one way: `config` -> `bucketer` (every ladder and bucket, pruned by
+`reachability`) -> the `metadata` builder and the `warmup` recorder -> `paged_attention`
+(the `attention` kernels, compiled by `compiler`) -> the `engine`, which runs the
+`scheduler`'s steps over the `block_pool`. Observers see it all through `events`.
+"""

@@ -35,8 +35,7 @@ class BlockPool:
         return 0 <= n <= self.num_free
 
     # -- reservations -----------------------------------------------------------
-    def can_reserve(self, n: int) -> bool:
-        return self.can_allocate(n)
+    can_reserve = can_allocate  # a reservation draws on the same free blocks
 
     def reserve(self, owner: str, n: int) -> None:
         if n < 0 or not self.can_reserve(n):

@@ -7,6 +7,7 @@ here. Enumeration prunes exactly the buckets no valid batch state can dispatch t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -64,9 +65,9 @@ class SpyreAttnBucketer:
     def uses_batched(self, seqs: int) -> bool:
         return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.min_batched_seqs
 
-    def decode_bucket(self, seqs: int, blocks: int, kv_ladder: tuple[int, ...] | None = None) -> Bucket:
+    def decode_bucket(self, seqs: int, blocks: int) -> Bucket:
         """The bucket a decode of `seqs` real rows needing `blocks` entries dispatches to."""
-        kv = ladders.round_up(kv_ladder or self.kv_blocks, blocks, "KV blocks")
+        kv = self.kv_rung(blocks)
         if not self.uses_batched(seqs):
             return Bucket(DECODE, (kv,))
         n = self.seqs_rung(seqs)
@@ -85,11 +86,9 @@ class SpyreAttnBucketer:
             out[Bucket(DECODE, (kv,))] = self._why_not_decode(self._per_seq_range(), self._kv_members(kv))
         for n in self.num_seqs:
             low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)
-            for kv in self.kv_blocks:
-                for needs_gather in (False, True):
-                    for store_out in (False, True):
-                        b = Bucket(BATCHED, (n, kv, needs_gather, store_out))
-                        out[b] = self._why_not_batched(low, n, kv, needs_gather, store_out)
+            for kv, needs_gather, store_out in itertools.product(self.kv_blocks, (False, True), (False, True)):
+                b = Bucket(BATCHED, (n, kv, needs_gather, store_out))
+                out[b] = self._why_not_batched(low, n, kv, needs_gather, store_out)
         for tokens in self.prefill_tokens:
             out[Bucket(PREFILL, (tokens,))] = self._why_not_prefill(tokens)
         return out

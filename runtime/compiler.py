@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,14 +30,22 @@ def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def apply_recompile_limit(config: RuntimeConfig, buckets_per_kernel: int) -> None:
-    """Keep Dynamo's per-function limit above the bucket count (or apply the configured one)."""
+def compile_limits(config: RuntimeConfig, buckets: int) -> dict[str, int]:
+    """The Dynamo limits an engine compiles under: the per-function recompile limit above the
+    bucket count (or the configured one), and the accumulated limit above that."""
     cfg = torch._dynamo.config
-    if config.recompile_limit is not None:
-        cfg.recompile_limit = config.recompile_limit
-    else:
-        cfg.recompile_limit = max(cfg.recompile_limit, buckets_per_kernel + COMPILE_HEADROOM)
-    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * cfg.recompile_limit)
+    limit = config.recompile_limit
+    if limit is None:
+        limit = max(cfg.recompile_limit, buckets + COMPILE_HEADROOM)
+    return {"recompile_limit": limit, "accumulated_recompile_limit": max(cfg.accumulated_recompile_limit, 4 * limit)}
+
+
+def set_dynamo_config(settings: Mapping[str, object]) -> dict[str, object]:
+    """Apply `settings` to Dynamo's process-wide config; returns the values they replaced."""
+    before = {k: getattr(torch._dynamo.config, k) for k in settings}
+    for k, v in settings.items():
+        setattr(torch._dynamo.config, k, v)
+    return before
 
 
 Backend = Callable[..., Any]
@@ -104,17 +112,13 @@ class KernelRunner:
         self.graphs[gid] = graph_bucket
         compiled = self._real_backend(gm, example_inputs)
 
-        def hit() -> None:
+        def served(*args: Any) -> Any:  # Dynamo calls it with positional tensors for every backend
             bucket = self._current
             assert bucket is not None
             self.hits[bucket] += 1
             self.served[bucket, graph_bucket] += 1
             if self.events.wants("graph_hit"):
                 self.events.emit("graph_hit", GraphHitEvent(self.kernel, bucket, gid, graph_bucket))
-
-        # Dynamo calls the backend's result with positional tensors for every backend.
-        def served(*args: Any) -> Any:
-            hit()
             return compiled(*args)
 
         return served

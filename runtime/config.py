@@ -1,15 +1,17 @@
 """RuntimeConfig: every knob of the runtime, validated once at construction.
 
 Env overrides carry the real Spyre plugin's names so a user can paste a failing
-environment straight into a reproducer.
+environment straight into a reproducer. Validation is a table of rules (`RULES`), so
+every ConfigError reads the same way: `field=value: the rule it broke`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 from runtime.errors import ConfigError
@@ -22,11 +24,12 @@ ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
 # Ladders and bucket enumeration grow linearly with the blocks of one sequence; this is far
 # above any real config (2048 at 131072 tokens of 64) and keeps `spyre-verify ladders` instant.
 MAX_BLOCKS_PER_SEQ = 8192
-# Token counts, block counts and batch sizes: 18 digits is past any real value, and far
-# below int()'s 4300-digit limit.
-MAX_DIGITS = 18
+# Staging buffers and the KV pool are allocated up front: sizes no host can hold are refused
+# with a clear message instead of an out-of-memory kill.
 MAX_NUM_SEQS = 4096
 MAX_NUM_BLOCKS = 1 << 22
+# Digits of an env token length: past any real value, far below int()'s 4300-digit limit.
+MAX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -113,17 +116,14 @@ class RuntimeConfig:
 def parse_kv_buckets(text: str, name: str = ENV_KV_BUCKETS) -> tuple[int, ...]:
     """Parse a comma-separated list of token lengths; shape rules are checked later."""
     parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(p == "" for p in parts):
+    if "" in parts:
         raise ConfigError(f"{name}={text!r}: empty bucket; give comma-separated token lengths like '64,128,2048'")
     for p in parts:
-        if not _INTEGER.fullmatch(p):
+        if not re.fullmatch("-?[0-9]+", p):
             raise ConfigError(f"{name}={text!r}: bucket {p!r} is not an integer; give token lengths like '64,128'")
         if len(p.lstrip("-")) > MAX_DIGITS:
             raise ConfigError(f"{name}: bucket {p[:24]!r}... has more than {MAX_DIGITS} digits")
     return tuple(int(p) for p in parts)
-
-
-_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def parse_flag(text: str, name: str) -> bool:
@@ -138,90 +138,83 @@ def parse_backend(text: str, name: str = "backend") -> str:
     raise ConfigError(f"{name}={text!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name}={value!r}: must be a positive integer")
-    return value
+# -- validation: a table of rules ---------------------------------------------------------------
+# A rule is (field, check, rule): `check(v, c)` must hold for the value `v` of `field` in config
+# `c`, else a ConfigError `field=value: rule`, the rule a format string of `v` and `c` or a
+# function of them. A field ending in `[]` is checked element by element, `v` each element.
+Rule = tuple[str, Callable[[Any, RuntimeConfig], object], str | Callable[[Any, RuntimeConfig], str]]
+
+
+def _count(v: object) -> bool:
+    """A positive int; a bool is not a count."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _top(c: RuntimeConfig) -> int:
+    """The largest KV bucket allowed: max_model_len rounded up to a block."""
+    return c.max_blocks_per_seq * c.block_size
+
+
+POSITIVE = "must be a positive integer"
+MODEL_DIMS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
+# Fields whose None means "unset" (the default): their rules judge only a value.
+OPTIONAL = ("num_blocks", "kv_buckets", "recompile_limit")
+# In order: the first broken rule is the error, and a rule relies on the ones above it
+# (a count is checked before arithmetic on it, num_heads before hidden_size divides by it).
+# fmt: off
+RULES: tuple[Rule, ...] = (
+    ("block_size", lambda v, c: _count(v), POSITIVE),
+    ("block_size", lambda v, c: not v & (v - 1), "must be a power of two (1, 2, 4, ... 64)"),
+    ("max_model_len", lambda v, c: _count(v), POSITIVE),
+    ("max_model_len", lambda v, c: c.max_blocks_per_seq <= MAX_BLOCKS_PER_SEQ,
+     f"needs {{c.max_blocks_per_seq}} blocks of block_size={{c.block_size}} per sequence, above the supported "
+     f"{MAX_BLOCKS_PER_SEQ}; raise block_size or lower max_model_len"),
+    ("max_num_seqs", lambda v, c: _count(v) and v <= MAX_NUM_SEQS, f"{POSITIVE}, at most {MAX_NUM_SEQS}"),
+    ("min_batched_seqs", lambda v, c: _count(v) and v >= 2, "must be an integer >= 2"),
+    ("batched_decode", lambda v, c: isinstance(v, bool), "must be True or False"),
+    ("backend", lambda v, c: v in BACKENDS, f"unknown backend; choose one of {', '.join(BACKENDS)}"),
+    ("dtype", lambda v, c: v in DTYPES, f"choose one of {', '.join(DTYPES)}"),
+    ("device", lambda v, c: isinstance(v, str) and (v == "cpu" or v.startswith("cuda")),
+     "must be 'cpu', 'cuda' or 'cuda:N'"),
+    ("compile_dynamic", lambda v, c: v in (False, True, None), "must be False, True or None"),
+    ("compile_fullgraph", lambda v, c: isinstance(v, bool), "must be True or False"),
+    ("recompile_limit", lambda v, c: _count(v), POSITIVE),
+    *((f"model.{d}", lambda v, c: _count(v), POSITIVE) for d in MODEL_DIMS),
+    ("model.hidden_size", lambda v, c: v % c.model.num_heads == 0,
+     "must be a multiple of num_heads={c.model.num_heads}"),
+    ("kv_buckets", lambda v, c: isinstance(v, tuple) and v, "must be a non-empty tuple of token lengths"),
+    ("kv_buckets[]", lambda v, c: isinstance(v, int) and not isinstance(v, bool), "bucket {v!r} is not an integer"),
+    ("kv_buckets[]", lambda v, c: v > 0, "bucket {v} must be positive"),
+    ("kv_buckets[]", lambda v, c: v % c.block_size == 0, "bucket {v} is not a multiple of block_size={c.block_size}"),
+    ("kv_buckets[]", lambda v, c: v <= _top(c),
+     lambda v, c: f"bucket {v} is above max_model_len={c.max_model_len} (rounded up to a block: {_top(c)})"),
+    ("kv_buckets[]", lambda v, c: (c.kv_buckets or ()).count(v) == 1, "duplicate bucket {v}"),
+    ("kv_buckets", lambda v, c: max(v) >= c.max_model_len,
+     lambda v, c: f"top rung {max(v)} does not cover max_model_len={c.max_model_len}; add {_top(c)}"),
+    ("num_blocks", lambda v, c: _count(v) and v <= MAX_NUM_BLOCKS, f"{POSITIVE}, at most {MAX_NUM_BLOCKS}"),
+    ("num_blocks", lambda v, c: v >= c.max_blocks_per_seq + 1,
+     lambda v, c: f"too small to hold one max_model_len={c.max_model_len} request ({c.max_blocks_per_seq} blocks "
+     f"of {c.block_size}) plus the null block; need at least {c.max_blocks_per_seq + 1}"),
+)
+# fmt: on
+
+
+def _named(field: str, value: object) -> str:
+    """How a refusal names its input: kv_buckets also by its env variable, written as the variable is."""
+    if field != "kv_buckets":
+        return f"{field}={value!r}"
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)
+    return f"kv_buckets ({ENV_KV_BUCKETS})={shown!r}"
 
 
 def validate(c: RuntimeConfig) -> None:
-    bs = _positive_int("block_size", c.block_size)
-    if bs & (bs - 1):
-        raise ConfigError(f"block_size={bs}: must be a power of two (1, 2, 4, ... 64)")
-    _positive_int("max_model_len", c.max_model_len)
-    if c.max_blocks_per_seq > MAX_BLOCKS_PER_SEQ:
-        raise ConfigError(
-            f"max_model_len={c.max_model_len}: needs {c.max_blocks_per_seq} blocks of block_size={bs} per sequence, "
-            f"above the supported {MAX_BLOCKS_PER_SEQ}; raise block_size or lower max_model_len"
-        )
-    _positive_int("max_num_seqs", c.max_num_seqs)
-    # Staging buffers and the KV pool are allocated up front: refuse sizes no host can hold
-    # with a clear message instead of an out-of-memory kill.
-    if c.max_num_seqs > MAX_NUM_SEQS:
-        raise ConfigError(f"max_num_seqs={c.max_num_seqs}: above the supported {MAX_NUM_SEQS}")
-    if isinstance(c.min_batched_seqs, bool) or not isinstance(c.min_batched_seqs, int) or c.min_batched_seqs < 2:
-        raise ConfigError(f"min_batched_seqs={c.min_batched_seqs!r}: must be an integer >= 2")
-    if not isinstance(c.batched_decode, bool):
-        raise ConfigError(f"batched_decode={c.batched_decode!r}: must be True or False")
-    if c.backend not in BACKENDS:
-        raise ConfigError(f"backend={c.backend!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
-    if c.dtype not in DTYPES:
-        raise ConfigError(f"dtype={c.dtype!r}: choose one of {', '.join(DTYPES)}")
-    if not isinstance(c.device, str) or not (c.device == "cpu" or c.device.startswith("cuda")):
-        raise ConfigError(f"device={c.device!r}: must be 'cpu', 'cuda' or 'cuda:N'")
-    if c.compile_dynamic not in (False, True, None):
-        raise ConfigError(f"compile_dynamic={c.compile_dynamic!r}: must be False, True or None")
-    if not isinstance(c.compile_fullgraph, bool):
-        raise ConfigError(f"compile_fullgraph={c.compile_fullgraph!r}: must be True or False")
-    if c.recompile_limit is not None:
-        _positive_int("recompile_limit", c.recompile_limit)
-    _validate_model(c.model)
-    if c.kv_buckets is not None:
-        _validate_kv_buckets(c)
-    if c.num_blocks is not None:
-        _validate_pool(c)
-
-
-def _validate_model(m: ModelDims) -> None:
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_size"):
-        _positive_int(f"model.{name}", getattr(m, name))
-    if m.hidden_size % m.num_heads:
-        raise ConfigError(f"model.hidden_size={m.hidden_size}: must be a multiple of num_heads={m.num_heads}")
-
-
-def _validate_kv_buckets(c: RuntimeConfig) -> None:
-    buckets = c.kv_buckets
-    shown = ",".join(map(str, buckets)) if isinstance(buckets, tuple) else repr(buckets)
-    where = f"kv_buckets ({ENV_KV_BUCKETS})={shown!r}"
-    if not isinstance(buckets, tuple) or not buckets:
-        raise ConfigError(f"{where}: must be a non-empty tuple of token lengths")
-    top_allowed = c.max_blocks_per_seq * c.block_size
-    for b in buckets:
-        if isinstance(b, bool) or not isinstance(b, int):
-            raise ConfigError(f"{where}: bucket {b!r} is not an integer")
-        if b <= 0:
-            raise ConfigError(f"{where}: bucket {b} must be positive")
-        if b % c.block_size:
-            raise ConfigError(f"{where}: bucket {b} is not a multiple of block_size={c.block_size}")
-        if b > top_allowed:
-            raise ConfigError(
-                f"{where}: bucket {b} is above max_model_len={c.max_model_len} (rounded up to a block: {top_allowed})"
-            )
-    if len(set(buckets)) != len(buckets):
-        raise ConfigError(f"{where}: duplicate bucket {sorted(b for b in buckets if buckets.count(b) > 1)[0]}")
-    if max(buckets) < c.max_model_len:
-        raise ConfigError(
-            f"{where}: top rung {max(buckets)} does not cover max_model_len={c.max_model_len}; add {top_allowed}"
-        )
-
-
-def _validate_pool(c: RuntimeConfig) -> None:
-    n = _positive_int("num_blocks", c.num_blocks)
-    if n > MAX_NUM_BLOCKS:
-        raise ConfigError(f"num_blocks={n}: above the supported {MAX_NUM_BLOCKS}")
-    need = c.max_blocks_per_seq + 1
-    if n < need:
-        raise ConfigError(
-            f"num_blocks={n}: too small to hold one max_model_len={c.max_model_len} request "
-            f"({c.max_blocks_per_seq} blocks of {c.block_size}) plus the null block; need at least {need}"
-        )
+    """Apply `RULES` in order; the first one broken is the ConfigError."""
+    for key, check, rule in RULES:
+        name = key.removesuffix("[]")
+        value = attrgetter(name)(c)
+        if value is None and name in OPTIONAL:
+            continue
+        for v in value if key.endswith("[]") else (value,):
+            if not check(v, c):
+                text = rule(v, c) if callable(rule) else rule.format(v=v, c=c)
+                raise ConfigError(f"{_named(name, value)}: {text}")

@@ -10,7 +10,7 @@ import torch
 
 from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
-from runtime.compiler import BackendWrapper
+from runtime.compiler import BackendWrapper, compile_limits, set_dynamo_config
 from runtime.config import RuntimeConfig
 from runtime.events import (
     BatchInfo,
@@ -26,7 +26,7 @@ from runtime.events import (
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
-from runtime.scheduler import Request, Scheduler
+from runtime.scheduler import Scheduler, StepPlan
 from runtime.seams import Seams
 from runtime.warmup import WarmupRecorder
 
@@ -59,13 +59,30 @@ class Engine:
         self.events = EventBus()
         self.bucketer = SpyreAttnBucketer(config)
         self.pool = BlockPool(config.total_blocks)
-        self.scheduler = Scheduler(config, self.pool)
-        self.builder = MetadataBuilder(self.bucketer, seams.builder_kv_ladder, seams.padding_block)
-        self.attention = PagedAttention(config, self.bucketer, self.events, seams.mask_padding, wrap_backend)
+        self.builder = MetadataBuilder(self.bucketer)
+        self.scheduler = Scheduler(config, self.pool, self.builder)
+        self.attention = PagedAttention(config, self.bucketer, self.events, wrap_backend)
         self.recorder = WarmupRecorder(self.bucketer, self.attention, seams)
         self.model = model or TinyTransformer(config)
         self.steps = 0
         self.outputs: dict[str, list[int]] = {}
+        # Dynamo's limits are process-wide: the engine sets the ones it compiles under here, and
+        # only here, and close() puts back what they replaced.
+        buckets = len(list(self.bucketer.candidates()))
+        self._replaced: dict[str, object] | None = set_dynamo_config(compile_limits(config, buckets))
+
+    def close(self) -> None:
+        """Put back the Dynamo settings the engine replaced, once it is done compiling and serving.
+        Engines that overlap close in the reverse order of creation, as nested `with` blocks do."""
+        if self._replaced is not None:
+            set_dynamo_config(self._replaced)
+            self._replaced = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- lifecycle ------------------------------------------------------------------------
     def subscribe(self, observer: Any) -> Callable[[], None]:
@@ -93,28 +110,19 @@ class Engine:
         raise RuntimeError(f"engine still busy after {max_steps} steps")
 
     def step(self) -> StepResult:
-        sched = self.scheduler
-        adm = sched.next_admission()
-        if adm is not None:
-            req = sched.admit(adm)
-            md = self.builder.build_prefill(req.seq_state(), sched.tkv)
-            token = self._run_prefill(req, md)
-            done = sched.record_prefill(req, token)
-            kind, bucket = "prefill", md.bucket
-        elif sched.running:
-            sched.grow_for_decode()
-            dmd = self.builder.build_decode(sched.seq_states(), sched.tkv)
-            tokens = self._run_decode(dmd)
-            done = sched.record_decode(tokens)
-            kind, bucket = "decode", dmd.bucket
-        else:
-            assert not sched.waiting, "an empty batch always admits the head of the queue"
+        """Schedule, run the kernels on the plan, postprocess: nano-vllm's three calls."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            assert not self.scheduler.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
-        finished = tuple(r.request_id for r in done)
+        tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
+        finished = tuple(r.request_id for r in self.scheduler.postprocess(tokens))
+        kind, bucket = plan.kind, plan.bucket
         if self.events.wants("step"):
             self.events.emit("step", StepEvent(self.steps, kind, bucket, finished))
         if self.events.wants("state"):
-            self.events.emit("state", self._state(kind, adm.request.request_id if adm else None, finished))
+            admitted = plan.admission.request_id if plan.admission else None
+            self.events.emit("state", self._state(kind, admitted, finished))
         self.steps += 1
         return StepResult(kind, bucket, finished)
 
@@ -130,15 +138,17 @@ class Engine:
         return StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, pool.num_free)
 
     # -- model passes ---------------------------------------------------------------------------
-    def _run_prefill(self, req: Request, md: PrefillMetadata) -> int:
+    def _run_prefill(self, plan: StepPlan) -> list[int]:
+        md = plan.metadata
+        assert isinstance(md, PrefillMetadata)
         dev, width = self.config.device, int(md.bucket.key[0])
-        lp, tkv = md.left_pad, md.tkv
-        tokens = [0] * lp + list(req.prompt) + [0] * (width - tkv)
+        lp, tkv, rid = md.left_pad, md.tkv, md.request_id
+        tokens = [0] * lp + list(plan.inputs) + [0] * (width - tkv)
         positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(width)]
-        self._emit_dispatch(md.bucket, (req.request_id,), (md.prompt_len,), (lp,), tkv)
-        self._emit_table(md.bucket, (req.request_id,), (lp,), tkv, (md.block_table,))
+        self._emit_dispatch(md.bucket, (rid,), (md.prompt_len,), (lp,), tkv)
+        self._emit_table(md.bucket, (rid,), (lp,), tkv, (md.block_table,))
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
-        self._emit_writes((req.request_id,), [md.slots])
+        self._emit_writes((rid,), [md.slots])
         with torch.no_grad():
             x = self.model.embed(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))
             for layer in range(len(self.model.layers)):
@@ -146,15 +156,17 @@ class Engine:
                 self.attention.write_kv(layer, slots, k[lp:tkv], v[lp:tkv])
                 x = self.model.finish_layer(layer, x, self.attention.prefill(layer, md, q, k, v))
             logits = self.model.logits(x[tkv - 1 : tkv])
-        return self._pick([req], logits)[0]
+        return self._pick((rid,), logits)
 
-    def _run_decode(self, md: DecodeMetadata) -> list[int]:
-        dev, running = self.config.device, self.scheduler.running
+    def _run_decode(self, plan: StepPlan) -> list[int]:
+        md = plan.metadata
+        assert isinstance(md, DecodeMetadata)
+        dev, running = self.config.device, plan.rows
         self._emit_dispatch(md.bucket, md.request_ids, md.seq_lens, md.left_pads, md.tkv)
         self._emit_table(md.bucket, md.request_ids, md.left_pads, md.tkv, md.block_table)
         self._emit_writes(md.request_ids, [(slot,) for slot in md.slots])
         self.attention.stage_decode(md)
-        inputs = torch.tensor([r.output[-1] for r in running], device=dev)
+        inputs = torch.tensor(plan.inputs, device=dev)
         positions = torch.tensor([r.num_cached for r in running], device=dev)
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
         with torch.no_grad():
@@ -164,14 +176,14 @@ class Engine:
                 self.attention.write_kv(layer, slots, k, v)
                 x = self.model.finish_layer(layer, x, self.attention.decode(layer, md, q))
             logits = self.model.logits(x)
-        return self._pick(running, logits)
+        return self._pick(md.request_ids, logits)
 
-    def _pick(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+    def _pick(self, rids: tuple[str, ...], logits: torch.Tensor) -> list[int]:
         tokens = logits.argmax(dim=-1).tolist()
-        for r, t, row in zip(reqs, tokens, logits, strict=True):
-            self.outputs[r.request_id].append(t)
+        for rid, t, row in zip(rids, tokens, logits, strict=True):
+            self.outputs[rid].append(t)
             if self.events.wants("token"):
-                self.events.emit("token", TokenEvent(r.request_id, t, row.detach().clone(), self.steps))
+                self.events.emit("token", TokenEvent(rid, t, row.detach().clone(), self.steps))
         return tokens
 
     # -- events ----------------------------------------------------------------------------------

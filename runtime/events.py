@@ -1,8 +1,8 @@
 """The event interface: how observers (the harness, loggers) see the runtime.
 
 An observer is any object with some of the `on_<kind>` methods below. The runtime
-builds an event only when someone listens, so an engine with no observer pays one
-truthiness test per emit site.
+builds an event only when someone listens (`EventBus.wants`), so an engine with no
+observer pays one cached lookup per emit site.
 """
 
 from __future__ import annotations
@@ -152,6 +152,7 @@ class EventBus:
         return detach
 
     def __bool__(self) -> bool:
+        """Whether anyone listens at all."""
         return bool(self._observers)
 
     def _for(self, kind: str) -> tuple[Callable[[Any], None], ...]:

@@ -56,21 +56,12 @@ class PrefillMetadata:
 
 
 class MetadataBuilder:
-    def __init__(
-        self,
-        bucketer: SpyreAttnBucketer,
-        kv_ladder: tuple[int, ...] | None = None,
-        padding_block: int = NULL_BLOCK,
-    ) -> None:
-        # kv_ladder and padding_block are fault seams: the defaults follow the
-        # bucketer and the null block, anything else reproduces a historical bug.
+    # Where padded block-table entries point: the block the pool reserves for padding.
+    padding_block = NULL_BLOCK
+
+    def __init__(self, bucketer: SpyreAttnBucketer) -> None:
         self.bucketer = bucketer
         self.block_size = bucketer.config.block_size
-        self.kv_ladder = kv_ladder if kv_ladder is not None else bucketer.kv_blocks
-        self.padding_block = padding_block
-
-    def ladders(self) -> dict[str, tuple[int, ...]]:
-        return {"kv_blocks": self.kv_ladder, "num_seqs": self.bucketer.num_seqs}
 
     def row(self, seq: SeqState, width: int) -> tuple[int, ...]:
         lead = seq.left_pad // self.block_size
@@ -87,7 +78,7 @@ class MetadataBuilder:
         assert seqs, "decode needs at least one running sequence"
         assert all(s.left_pad + s.num_cached == tkv for s in seqs), "rows must end at tkv"
         need = tkv // self.block_size + 1
-        bucket = self.bucketer.decode_bucket(len(seqs), need, self.kv_ladder)
+        bucket = self.bucketer.decode_bucket(len(seqs), need)
         width = bucket.key[1] if len(bucket.key) == 4 else bucket.key[0]
         rows = [self.row(s, int(width)) for s in seqs]
         padded = int(bucket.key[0]) if len(bucket.key) == 4 else 1

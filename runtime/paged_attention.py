@@ -13,7 +13,7 @@ import torch
 
 from runtime import attention
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
-from runtime.compiler import BackendWrapper, KernelRunner, apply_recompile_limit
+from runtime.compiler import BackendWrapper, KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
 from runtime.kv_cache import KVCache, torch_dtype
@@ -43,22 +43,13 @@ class StagingBuffers:
 
 class PagedAttention:
     def __init__(
-        self,
-        config: RuntimeConfig,
-        bucketer: SpyreAttnBucketer,
-        events: EventBus,
-        mask_padding: bool = True,
-        wrap_backend: BackendWrapper | None = None,
+        self, config: RuntimeConfig, bucketer: SpyreAttnBucketer, events: EventBus, wrap: BackendWrapper | None = None
     ) -> None:
         self.config = config
         self.cache = KVCache(config)
         self.staging = StagingBuffers(config, bucketer.kv_blocks[-1], bucketer.prefill_tokens[-1])
-        apply_recompile_limit(config, len(list(bucketer.candidates())))
-        self.runners = {
-            DECODE: KernelRunner(DECODE, attention.make_decode(mask_padding), config, events, wrap_backend),
-            BATCHED: KernelRunner(BATCHED, attention.make_batched(mask_padding), config, events, wrap_backend),
-            PREFILL: KernelRunner(PREFILL, attention.make_prefill(mask_padding), config, events, wrap_backend),
-        }
+        kernels = {DECODE: attention.make_decode, BATCHED: attention.make_batched, PREFILL: attention.make_prefill}
+        self.runners = {k: KernelRunner(k, make(), config, events, wrap) for k, make in kernels.items()}
 
     def serve(self) -> None:
         for r in self.runners.values():
@@ -94,32 +85,15 @@ class PagedAttention:
         st.q[:s].copy_(q)
         return run(md.bucket, *args)[:s].clone()
 
-    def decode_args(self, bucket: Bucket, layer: int, fresh: bool = False) -> tuple[Any, ...]:
-        """The exact argument views a decode bucket is called with (fresh=True: the fault seam)."""
-        st, cache = self.staging, self.cache
+    def decode_args(self, bucket: Bucket, layer: int) -> tuple[Any, ...]:
+        """The exact staging views a decode bucket is called with."""
+        st, k_cache, v_cache = self.staging, self.cache.k[layer], self.cache.v[layer]
         if bucket.kernel == DECODE:
-            (k,) = bucket.key
-            table, q = st.seq_table[: int(k)], st.seq_q
-            if fresh:
-                table, q = table.clone(), q.clone()
-            return (q, cache.k[layer], cache.v[layer], table, st.seq_left_pad, st.tkv)
+            return (st.seq_q, k_cache, v_cache, st.seq_table[: int(bucket.key[0])], st.seq_left_pad, st.tkv)
         n, k, needs_gather, store_out = bucket.key
         n, k = int(n), int(k)
-        table, q, out = st.block_table[:n, :k], st.q[:n], st.out[:n]
-        if fresh:
-            table, q, out = table.contiguous().clone(), q.clone(), out.clone()
-        return (
-            q,
-            out,
-            cache.k[layer],
-            cache.v[layer],
-            table,
-            st.left_pads[:n],
-            st.row_real[:n],
-            st.tkv,
-            needs_gather,
-            store_out,
-        )
+        views = (st.q[:n], st.out[:n], k_cache, v_cache, st.block_table[:n, :k], st.left_pads[:n], st.row_real[:n])
+        return (*views, st.tkv, needs_gather, store_out)
 
     # -- prefill ------------------------------------------------------------------------
     def prefill(
@@ -133,15 +107,15 @@ class PagedAttention:
         st.prefill_left_pad.fill_(md.left_pad)
         return self.runners[PREFILL](md.bucket, *self.prefill_args(md.bucket)).clone()
 
-    def prefill_args(self, bucket: Bucket, fresh: bool = False) -> tuple[Any, ...]:
-        st, (t,) = self.staging, bucket.key
-        q, k, v = st.prefill_q[: int(t)], st.prefill_k[: int(t)], st.prefill_v[: int(t)]
-        if fresh:
-            q, k, v = q.clone(), k.clone(), v.clone()
-        return (q, k, v, st.prefill_left_pad)
+    def prefill_args(self, bucket: Bucket) -> tuple[Any, ...]:
+        st, t = self.staging, int(bucket.key[0])
+        return (st.prefill_q[:t], st.prefill_k[:t], st.prefill_v[:t], st.prefill_left_pad)
 
     def args_for(self, bucket: Bucket, fresh: bool = False) -> tuple[Any, ...]:
-        return self.prefill_args(bucket, fresh) if bucket.kernel == PREFILL else self.decode_args(bucket, 0, fresh)
+        """A bucket's call arguments (layer 0); `fresh` copies every tensor, the warmup fault seam:
+        same shapes, but a copy of a narrow table slice is contiguous, so its strides differ."""
+        args = self.prefill_args(bucket) if bucket.kernel == PREFILL else self.decode_args(bucket, 0)
+        return tuple(a.clone() if fresh and isinstance(a, torch.Tensor) else a for a in args)
 
     def call(self, bucket: Bucket, args: tuple[Any, ...]) -> Any:
         return self.runners[bucket.kernel](bucket, *args)

@@ -38,17 +38,12 @@ class Limits:
     usable_blocks: int
 
 
-def decode_blocks(lim: Limits, tkv: int) -> int:
-    """Block-table entries a decode at `tkv` needs (it writes position tkv)."""
-    return tkv // lim.block_size + 1
-
-
 def min_decode_pool(lim: Limits, seqs: int, tkv: int) -> int | None:
     """Fewest usable blocks that let `seqs` rows decode at `tkv`; None if no pool can."""
     bs, L, S = lim.block_size, lim.max_model_len, lim.max_num_seqs
     if not (1 <= seqs <= S) or not (1 <= tkv <= L - 2):
         return None
-    m = decode_blocks(lim, tkv)
+    m = tkv // bs + 1  # block-table entries: the decode writes position tkv
     if tkv >= bs:
         return m + (seqs - 1) * (m - (tkv - 1) // bs)
     if bs >= 3 and S >= 2 and 2 <= tkv <= L - bs - 2:

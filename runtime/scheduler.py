@@ -1,8 +1,12 @@
 """The continuous-batching scheduler: admission, tkv, left padding, shift and strip.
 
-Pure Python over the block pool; the engine runs the model around it. Every rule
-is the contract's (DESIGN "Positions and bucket keys"), and the invariants are
-asserted where they must hold.
+Pure Python over the block pool and the metadata builder. A step is two calls, as in
+nano-vllm: `schedule()` decides it and lays it out as a tensor-free `StepPlan` (the
+kernel, its metadata, the rows, any admission), the engine runs the kernels on the
+plan, and `postprocess(tokens)` applies the results (tokens, finishes, frees, strip).
+This is the one implementation of the step; tensor-free callers drive the same two
+calls with stand-in tokens. Every rule is the contract's (DESIGN "Positions and
+bucket keys"), and the invariants are asserted where they must hold.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from runtime.block_pool import BlockPool
+from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from runtime.metadata import SeqState
+from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
 
 
 @dataclass
@@ -46,17 +51,42 @@ class Admission:
     tkv: int  # the batch tkv after the shift
     reservation: int  # real blocks the request can ever need
 
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step, decided and laid out, with no tensors: what the kernels run next."""
+
+    kind: str  # "prefill" (the joining row) or "decode" (every running row)
+    metadata: PrefillMetadata | DecodeMetadata
+    rows: tuple[SeqState, ...]  # the rows computed, as the builder saw them; one token each comes back
+    inputs: tuple[int, ...]  # prefill: the prompt; decode: each row's newest token, not yet cached
+    admission: Admission | None = None  # the request a prefill admits, with its shift and reservation
+
+    @property
+    def bucket(self) -> Bucket:
+        return self.metadata.bucket
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return tuple(s.request_id for s in self.rows)
+
 
 class Scheduler:
-    def __init__(self, config: RuntimeConfig, pool: BlockPool) -> None:
+    def __init__(self, config: RuntimeConfig, pool: BlockPool, builder: MetadataBuilder) -> None:
         self.config = config
         self.pool = pool
+        self.builder = builder
         self.bs = config.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.tkv = 0
         self._next_id = 0
         self._ids: set[str] = set()
+        self._plan: StepPlan | None = None  # scheduled, not yet postprocessed
 
     # -- requests ---------------------------------------------------------------------
     def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
@@ -101,6 +131,45 @@ class Scheduler:
         self.waiting.append(Request(rid, tokens, mt))
         return rid
 
+    # -- one step -------------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        """Decide the next step and lay it out; None when there is nothing it can do.
+
+        The head of the queue joins when it fits (a longer one shifts the batch first)
+        and is prefilled; otherwise every row gets the block its next token lands in,
+        and the whole batch decodes. A plan whose kernels raised (it was never
+        postprocessed) is handed out again: the step is retried, not planned twice.
+        """
+        if self._plan is not None:
+            return self._plan
+        adm = self.next_admission()
+        if adm is not None:
+            req = self._admit(adm)
+            seq = req.seq_state()
+            plan = StepPlan("prefill", self.builder.build_prefill(seq, self.tkv), (seq,), req.prompt, adm)
+        elif self.running:
+            self._grow_for_decode()
+            seqs = self.seq_states()
+            md = self.builder.build_decode(seqs, self.tkv)
+            plan = StepPlan("decode", md, tuple(seqs), tuple(r.output[-1] for r in self.running))
+        else:
+            return None
+        self._plan = plan
+        return plan
+
+    def postprocess(self, tokens: list[int]) -> list[Request]:
+        """Apply the scheduled step's tokens, one per planned row: record them, finish and
+        free the requests that are done, then strip. Returns the finished requests."""
+        plan, self._plan = self._plan, None
+        assert plan is not None, "postprocess follows schedule"
+        rows = [plan.admission.request] if plan.admission is not None else self.running
+        assert len(tokens) == len(rows), f"{len(tokens)} tokens for {len(rows)} rows"
+        for r, t in zip(rows, tokens, strict=True):
+            r.output.append(t)
+        if plan.admission is None:
+            self.tkv += 1  # every decoded row cached one more token
+        return self._settle()
+
     # -- admission ----------------------------------------------------------------------
     def next_admission(self) -> Admission | None:
         """The head of the queue, if it can join now (arrival order: nobody overtakes it)."""
@@ -122,7 +191,7 @@ class Scheduler:
             return None
         return Admission(req, shift, tkv, need)
 
-    def admit(self, adm: Admission) -> Request:
+    def _admit(self, adm: Admission) -> Request:
         req = self.waiting.popleft()
         assert req is adm.request
         for r in self.running:
@@ -136,7 +205,7 @@ class Scheduler:
         return req
 
     # -- decode --------------------------------------------------------------------------
-    def grow_for_decode(self) -> None:
+    def _grow_for_decode(self) -> None:
         """Give every row the block its next token lands in."""
         for r in self.running:
             need = self.tkv // self.bs - r.left_pad // self.bs + 1
@@ -148,17 +217,6 @@ class Scheduler:
         return [r.seq_state() for r in self.running]
 
     # -- completion -------------------------------------------------------------------------
-    def record_prefill(self, req: Request, token: int) -> list[Request]:
-        req.output.append(token)
-        return self._settle()
-
-    def record_decode(self, tokens: list[int]) -> list[Request]:
-        assert len(tokens) == len(self.running)
-        for r, t in zip(self.running, tokens, strict=True):
-            r.output.append(t)
-        self.tkv += 1
-        return self._settle()
-
     def _settle(self) -> list[Request]:
         done = [r for r in self.running if r.remaining == 0]
         for r in done:

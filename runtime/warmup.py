@@ -12,9 +12,7 @@ from runtime.seams import Seams
 
 def warm_plan(bucketer: SpyreAttnBucketer, seams: Seams = Seams()) -> list[Bucket]:
     """The buckets warmup compiles, in order: per kernel, largest first. Needs no tensors."""
-    plan: list[Bucket] = []
-    for kernel in seams.warmup_kernels:
-        plan += sorted(bucketer.buckets(kernel), reverse=True)
+    plan = [b for kernel in seams.warmup_kernels for b in sorted(bucketer.buckets(kernel), reverse=True)]
     return seams.warmup_buckets(plan) if seams.warmup_buckets else plan
 
 
@@ -23,8 +21,8 @@ class WarmupRecorder:
         self.bucketer = bucketer
         self.attention = attention
         self.seams = seams
-        self.events: list[CompileEvent] = []
-        self._warm: frozenset[Bucket] = frozenset()
+        self.events: list[CompileEvent] = []  # the compiles warmup saw (empty before it runs)
+        self.warm_set: frozenset[Bucket] = frozenset()  # the buckets they compiled
         self.done = False
 
     def plan(self) -> list[Bucket]:
@@ -34,20 +32,11 @@ class WarmupRecorder:
         assert not self.done, "warmup runs once per engine"
         plan = self.plan()
         for i, bucket in enumerate(plan):
-            args = self.attention.args_for(bucket, fresh=self.seams.warmup_fresh_tensors)
-            self.attention.call(bucket, args)
+            self.attention.call(bucket, self.attention.args_for(bucket, fresh=self.seams.warmup_fresh_tensors))
             if progress:
                 progress(i + 1, len(plan), bucket)
         self.events = [e for r in self.attention.runners.values() for e in r.compiles if e.phase == WARMUP]
-        self._warm = frozenset(e.bucket for e in self.events)
+        self.warm_set = frozenset(e.bucket for e in self.events)
         self.attention.serve()
         self.done = True
         return self.events
-
-    def ladders(self) -> dict[str, tuple[int, ...]]:
-        return self.bucketer.ladders()
-
-    @property
-    def warm_set(self) -> frozenset[Bucket]:
-        """The buckets warmup compiled (fixed once warmup is done; empty before)."""
-        return self._warm

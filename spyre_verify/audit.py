@@ -248,6 +248,8 @@ def _run(
         log.stage, t0 = CONTROLS, time.perf_counter()
         controls, controls_error = _controls(engine, graph)
         seconds[CONTROLS] = time.perf_counter() - t0
+    finally:
+        engine.close()  # puts back the Dynamo limits it set
     stats = dict(log.stats)
     b = engine.bucketer
     return AuditResult(

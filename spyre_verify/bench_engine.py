@@ -10,6 +10,7 @@ and counts the compile events it observes against the oracle's exact set.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Iterator
@@ -17,12 +18,12 @@ from dataclasses import dataclass, field
 
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.errors import RequestError
 from runtime.events import CompileEvent
 from spyre_verify.bench import Figure, Plan, Progress
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.oracle.derive import ladders
 from spyre_verify.oracle.walk import reachable
+from spyre_verify.serve_loop import Feed, ignore, serve
 from spyre_verify.session import always_on
 from spyre_verify.violations import Checker
 from spyre_verify.workload import Arrival, seeded_workload
@@ -73,38 +74,55 @@ def build_rigs(config: RuntimeConfig, kinds: list[str], progress: Progress) -> d
     return rigs
 
 
+def arrival_stream(config: RuntimeConfig) -> Iterator[Arrival]:
+    """Seeded workloads (seed 0, 1, ...) back to back, without end."""
+    base = 0
+    for seed in itertools.count():
+        batch = seeded_workload(config, WORKLOAD_REQUESTS, seed=seed)
+        yield from (Arrival(a.step + base, a.prompt, a.max_tokens) for a in batch)
+        base += batch[-1].step if batch else 0
+
+
 class Lockstep:
-    """Feeds one seeded arrival stream to every engine and steps them together."""
+    """Feeds one endless seeded arrival stream to every engine and steps them together.
+
+    It has an engine's serving face (the lead engine's step count and work), so the one
+    serve loop drives it; each round resumes the stream where the last one stopped.
+    """
 
     def __init__(self, rigs: dict[str, Rig]) -> None:
         self.rigs = list(rigs.values())
         self.lead = self.rigs[0].engine
-        self.pending: list[Arrival] = []
-        self.batches = 0
+        self.arrivals = Feed(arrival_stream(self.lead.config), self.lead.steps)
+        self._turn = 0
 
-    def _arrive(self) -> None:
-        if not self.pending and not self.lead.has_work():
-            at = self.lead.steps
-            more = seeded_workload(self.lead.config, WORKLOAD_REQUESTS, seed=self.batches)
-            self.pending = [Arrival(a.step + at, a.prompt, a.max_tokens) for a in more]
-            self.batches += 1
-        while self.pending and (self.pending[0].step <= self.lead.steps or not self.lead.has_work()):
-            a = self.pending.pop(0)
-            for r in self.rigs:
-                with contextlib.suppress(RequestError):
-                    r.engine.add_request(list(a.prompt), a.max_tokens)
+    @property
+    def steps(self) -> int:
+        return self.lead.steps
+
+    def has_work(self) -> bool:
+        return self.lead.has_work()
+
+    def add_request(self, prompt_token_ids: object, max_tokens: object) -> str:
+        # One config: every engine accepts or refuses alike, so the first refusal stands for all.
+        ids = [r.engine.add_request(prompt_token_ids, max_tokens) for r in self.rigs]
+        return ids[0]
+
+    def step(self) -> None:
+        """One step on every engine, timed, in an order that rotates each step."""
+        i, self._turn = self._turn, self._turn + 1
+        for k in range(len(self.rigs)):
+            r = self.rigs[(i + k) % len(self.rigs)]
+            with r.guard():
+                t0 = time.perf_counter()
+                r.engine.step()
+                r.times.append(time.perf_counter() - t0)
 
     def round(self, steps: int) -> None:
         for r in self.rigs:
             r.times.clear()
-        for i in range(steps):
-            self._arrive()
-            for k in range(len(self.rigs)):
-                r = self.rigs[(i + k) % len(self.rigs)]
-                with r.guard():
-                    t0 = time.perf_counter()
-                    r.engine.step()
-                    r.times.append(time.perf_counter() - t0)
+        self._turn = 0
+        serve(self, self.arrivals, on_rejected=ignore, max_steps=steps)
 
 
 def figures(plan: Plan, progress: Progress) -> list[Figure]:
@@ -116,7 +134,11 @@ def figures(plan: Plan, progress: Progress) -> list[Figure]:
             rigs = build_rigs(config, [BARE, CHECKED, KV], progress)
         from spyre_verify.bench_overhead import overhead_figures  # it imports this module
 
-        out += overhead_figures(plan, config, rigs, progress)
+        try:
+            out += overhead_figures(plan, config, rigs, progress)
+        finally:  # closed in the reverse order of creation, each puts back the Dynamo limits it found
+            for rig in reversed(rigs.values()):
+                rig.engine.close()
     return out
 
 
@@ -126,7 +148,7 @@ def warmup_figure(config: RuntimeConfig, progress: Progress) -> Figure:
     engine, seen = Engine(config), CompileLog()
     engine.subscribe(seen)
     progress(f"figure 3: warmup of {WARMUP_SIZES} with {config.backend}, compiles counted from events")
-    with compile_cache(config.backend):
+    with compile_cache(config.backend), engine:  # closing it puts back the Dynamo limits it set
         engine.warmup()
     compiled = {e.bucket for e in seen.events}
     exact = reachable(config)

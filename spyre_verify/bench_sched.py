@@ -1,8 +1,9 @@
 """Benchmark figures that need no compiler: hunt throughput (2) and padding waste (6).
 
-Padding waste drives the runtime's own Scheduler and MetadataBuilder exactly as
-`Engine.step` does, with the model left out: a step's dispatch depends on token
-counts only, never on token values, so the buckets are the engine's.
+Padding waste serves the workload on `spyre_verify.sim.Sim` (the runtime's own
+scheduler and builder, with stand-in tokens) through the one serve loop: a step's
+dispatch depends on token counts only, never on token values, so the buckets are the
+engine's.
 """
 
 from __future__ import annotations
@@ -10,17 +11,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.block_pool import BlockPool
-from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.errors import RequestError
-from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
-from runtime.scheduler import Scheduler
+from runtime.metadata import PrefillMetadata
+from runtime.scheduler import StepPlan
 from spyre_verify.bench import Figure, Plan, Progress, ratio_figure, spread
+from spyre_verify.serve_loop import ignore, serve
+from spyre_verify.sim import Sim
 from spyre_verify.workload import Arrival, seeded_workload
 
 # Figure 6 uses the runtime's default config in every mode: it compiles nothing.
@@ -28,46 +28,12 @@ WASTE_CONFIG = RuntimeConfig()
 WASTE_TARGET = 1.25  # prefill tokens computed per useful prompt token
 
 
-class Sim:
-    """A tensor-free engine: pool, scheduler and builder wired like `runtime.engine.Engine`."""
-
-    def __init__(self, config: RuntimeConfig) -> None:
-        self.config = config
-        self.scheduler = Scheduler(config, BlockPool(config.total_blocks))
-        self.builder = MetadataBuilder(SpyreAttnBucketer(config))
-        self.steps = 0
-
-    def step(self) -> DecodeMetadata | PrefillMetadata | None:
-        sched = self.scheduler
-        adm = sched.next_admission()
-        md: DecodeMetadata | PrefillMetadata
-        if adm is not None:
-            req = sched.admit(adm)
-            md = self.builder.build_prefill(req.seq_state(), sched.tkv)
-            sched.record_prefill(req, 0)
-        elif sched.running:
-            sched.grow_for_decode()
-            md = self.builder.build_decode(sched.seq_states(), sched.tkv)
-            sched.record_decode([0] * len(sched.running))
-        else:
-            return None
-        self.steps += 1
-        return md
-
-
-def serve(sim: Sim, workload: list[Arrival]) -> Iterator[DecodeMetadata | PrefillMetadata]:
-    """Feed arrivals before their step, as `spyre_verify.session.serve` does; yield each dispatch."""
-    pending, sched = list(workload), sim.scheduler
-    while pending or sched.waiting or sched.running:
-        while pending and pending[0].step <= sim.steps:
-            a = pending.pop(0)
-            with suppress(RequestError):  # rejected requests never dispatch, as in `serve`
-                sched.add(list(a.prompt), a.max_tokens)
-        md = sim.step()
-        if md is not None:
-            yield md
-        elif pending:  # idle until the next arrival: bring it forward
-            pending[0] = Arrival(sim.steps, pending[0].prompt, pending[0].max_tokens)
+def plans(sim: Sim, workload: list[Arrival]) -> list[StepPlan]:
+    """Serve the workload through the one serve loop, as `check` does; every step's plan, in order.
+    Rejected requests never dispatch, as in `check`."""
+    out: list[StepPlan] = []
+    serve(sim, workload, on_rejected=ignore, on_step=lambda plan, _: out.append(plan))
+    return out
 
 
 # -- figure 6: padding waste ---------------------------------------------------------------
@@ -82,7 +48,7 @@ class Waste:
 def prefill_waste(config: RuntimeConfig, workload: list[Arrival]) -> Waste:
     sim = Sim(config)
     top = sim.builder.bucketer.prefill_tokens[-1]
-    prefills = [md for md in serve(sim, workload) if isinstance(md, PrefillMetadata)]
+    prefills = [p.metadata for p in plans(sim, workload) if isinstance(p.metadata, PrefillMetadata)]
     return Waste(
         useful=sum(md.prompt_len for md in prefills),
         ours=sum(int(md.bucket.key[0]) for md in prefills),

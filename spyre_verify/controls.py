@@ -38,14 +38,13 @@ def run_fault(
     cfg, seams = fault.apply(config)
     torch._dynamo.reset()
     dynamo_log = logging.getLogger("torch._dynamo")
-    level, limit = dynamo_log.level, torch._dynamo.config.recompile_limit
+    level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
-    try:
+    try:  # verify closes its engine, which puts back Dynamo's limits: a fault's low one does not outlive it
         with fault.active():  # a fault patched into the runtime's code holds for the whole run
             return verify(cfg, seams, workload, fault=name, progress=progress)
     finally:
         dynamo_log.setLevel(level)
-        torch._dynamo.config.recompile_limit = limit  # a fault's low limit must not outlive it
 
 
 def kill_row(name: str, result: RunResult) -> KillRow:

@@ -1,10 +1,11 @@
 """The fault catalog: historical bucketing bugs replayed in the runtime.
 
-Most faults change a config knob or a `runtime.seams.Seams` field; a few are patched
-into the runtime's own code for the length of a run (`Fault.patch`), the way a
-developer would write the bug, so no seam can give them away. Each names the checker
-that must catch it. `spyre-verify controls` proves each one is caught; a checker
-whose fault slips through is itself broken.
+A fault in the builder or the kernels is patched into the component it breaks, at its
+module boundary, for the length of a run (`Fault.patch`), the way a developer would
+write the bug, so no seam can give it away. A fault in the warmup recipe sets a
+`runtime.seams.Seams` field, and a compile fault a config knob. Each names the checker
+that must catch it. `spyre-verify controls` proves each one is caught; a checker whose
+fault slips through is itself broken.
 
 Whoever runs a fault: `config, seams = fault.apply(config)`, then run inside
 `with fault.active():`.
@@ -13,11 +14,14 @@ Whoever runs a fault: `config, seams = fault.apply(config)`, then run inside
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from unittest import mock
 
+from runtime import attention
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
@@ -30,7 +34,7 @@ class Fault:
     name: str
     checker: str  # the checker that must flag it
     description: str
-    seams: Callable[[RuntimeConfig], Seams]
+    seams: Callable[[RuntimeConfig], Seams] = lambda c: Seams()
     # Makes the fault observable on a config that would hide it (e.g. adds a KV override).
     configure: Callable[[RuntimeConfig], RuntimeConfig] = lambda c: c
     # Patches the runtime's code while entered; None: the fault lives in seams and config only.
@@ -54,30 +58,57 @@ def power_of_two_ladder(top: int) -> tuple[int, ...]:
     return (*out, top)
 
 
+def builder_rounding(kv_rung: Callable[[MetadataBuilder, int], int]) -> Callable[[], AbstractContextManager[None]]:
+    """A patch of `MetadataBuilder.build_decode` that rounds the needed KV blocks with
+    `kv_rung(builder, blocks)` instead of asking the bucketer: bucket and block table follow."""
+
+    @contextlib.contextmanager
+    def patch() -> Iterator[None]:
+        original = MetadataBuilder.build_decode
+
+        def build_decode(self: MetadataBuilder, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
+            md = original(self, seqs, tkv)
+            kv = kv_rung(self, tkv // self.block_size + 1)
+            key = (md.bucket.key[0], kv, *md.bucket.key[2:]) if md.bucket.kernel == BATCHED else (kv,)
+            rows = [self.row(s, kv) for s in seqs] + [(self.padding_block,) * kv] * (md.padded_seqs - len(seqs))
+            return replace(md, bucket=Bucket(md.bucket.kernel, key), block_table=tuple(rows))
+
+        with mock.patch.object(MetadataBuilder, "build_decode", build_decode):
+            yield
+
+    return patch
+
+
+def own_ladder_rung(b: MetadataBuilder, blocks: int) -> int:
+    """The builder keeping a power-of-two KV ladder of its own, blind to SPYRE_ATTN_KV_BUCKETS."""
+    own = power_of_two_ladder(b.bucketer.config.max_blocks_per_seq)
+    return next(r for r in own if r >= blocks)  # the real build_decode has refused a size above the top
+
+
+def inline_rung(b: MetadataBuilder, blocks: int) -> int:
+    """The rounding written inline, as the bug was: the next power of two, capped at a whole sequence."""
+    return min(1 << (blocks - 1).bit_length(), b.bucketer.config.max_blocks_per_seq)
+
+
+def padding_at(block: Callable[[MetadataBuilder], int]) -> Callable[[], AbstractContextManager[None]]:
+    """The builder padding block tables with `block(builder)` instead of the null block."""
+
+    @contextlib.contextmanager
+    def patch() -> Iterator[None]:
+        with mock.patch.object(MetadataBuilder, "padding_block", property(block)):
+            yield
+
+    return patch
+
+
 @contextlib.contextmanager
-def inline_builder_ladder() -> Iterator[None]:
-    """`MetadataBuilder.build_decode` rounding the KV dimension inline, as the bug was written:
-    needed blocks up to the next power of two (capped at a whole sequence), never asking
-    the bucketer. Its `kv_ladder` attribute still reports the bucketer's ladder."""
-    original = MetadataBuilder.build_decode
-
-    def build_decode(self: MetadataBuilder, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
-        md = original(self, seqs, tkv)
-        need = tkv // self.block_size + 1
-        kv = min(1 << (need - 1).bit_length(), self.bucketer.config.max_blocks_per_seq)
-        key = (md.bucket.key[0], kv, *md.bucket.key[2:]) if md.bucket.kernel == BATCHED else (kv,)
-        rows = [self.row(s, kv) for s in seqs] + [(self.padding_block,) * kv] * (md.padded_seqs - len(seqs))
-        return replace(md, bucket=Bucket(md.bucket.kernel, key), block_table=tuple(rows))
-
-    MetadataBuilder.build_decode = build_decode  # type: ignore[method-assign]
-    try:
+def unmasked_kernels() -> Iterator[None]:
+    """Every attention kernel built without its left-padding mask (`mask_padding=False`)."""
+    with contextlib.ExitStack() as stack:
+        for name in ("make_decode", "make_batched", "make_prefill"):
+            unmasked = functools.partial(getattr(attention, name), mask_padding=False)
+            stack.enter_context(mock.patch.object(attention, name, unmasked))
         yield
-    finally:
-        MetadataBuilder.build_decode = original  # type: ignore[method-assign]
-
-
-def _own_ladder(c: RuntimeConfig) -> Seams:
-    return Seams(builder_kv_ladder=power_of_two_ladder(c.max_blocks_per_seq))
 
 
 def _sparse_override(c: RuntimeConfig) -> RuntimeConfig:
@@ -120,16 +151,15 @@ CATALOG: dict[str, Fault] = {
             "builder-own-ladder",
             "dispatch-coverage",
             "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
-            _own_ladder,
-            _sparse_override,
+            configure=_sparse_override,
+            patch=builder_rounding(own_ladder_rung),
         ),
         Fault(
             "inline-builder-ladder",
             "ladder-agreement",
             "the builder's decode rounding uses an inline power-of-two KV ladder of its own, not the bucketer's",
-            lambda c: Seams(),
-            _sparse_override,
-            inline_builder_ladder,
+            configure=_sparse_override,
+            patch=builder_rounding(inline_rung),
         ),
         Fault(
             "lazy-batched-kernel",
@@ -147,13 +177,13 @@ CATALOG: dict[str, Fault] = {
             "live-block-padding",
             "padding-validity",
             "padding points at block 1, which a live request can own",
-            lambda c: Seams(padding_block=1),
+            patch=padding_at(lambda b: 1),
         ),
         Fault(
             "out-of-pool-padding",
             "padding-validity",
             "padding points at a block id one past the pool",
-            lambda c: Seams(padding_block=c.total_blocks),
+            patch=padding_at(lambda b: b.bucketer.config.total_blocks),
         ),
         Fault("unpruned-warmup", "warmup-exactness", "warmup also compiles every unreachable bucket", _unpruned),
         Fault(
@@ -166,21 +196,19 @@ CATALOG: dict[str, Fault] = {
             "recompile-limit-fallback",
             "graph-reuse",
             "recompile_limit=2 is below the bucket count and fullgraph is off, so Dynamo silently runs eager",
-            lambda c: Seams(),
-            lambda c: c.with_(recompile_limit=2, compile_fullgraph=False),
+            configure=lambda c: c.with_(recompile_limit=2, compile_fullgraph=False),
         ),
         Fault(
             "dynamic-shapes",
             "graph-reuse",
             "kernels compiled with dynamic=None: one dynamic graph serves many buckets",
-            lambda c: Seams(),
-            lambda c: c.with_(compile_dynamic=None),
+            configure=lambda c: c.with_(compile_dynamic=None),
         ),
         Fault(
             "mask-leak",
             "output-equivalence",
             "attention does not mask left padding, so padded positions leak in",
-            lambda c: Seams(mask_padding=False),
+            patch=unmasked_kernels,
         ),
     ]
 }

@@ -29,7 +29,7 @@ from hypothesis import target
 
 from runtime.bucketer import PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.metadata import MetadataBuilder
+from runtime.metadata import MetadataBuilder, PrefillMetadata
 from runtime.seams import Seams
 from runtime.warmup import warm_plan
 from spyre_verify import faults
@@ -70,7 +70,7 @@ def world(config: RuntimeConfig, fault: str | None = None) -> World:
     if fault is not None:
         config, seams = faults.get(fault).apply(config)
     b = SpyreAttnBucketer(config)  # the runtime's own instance: the system under test
-    builder = MetadataBuilder(b, seams.builder_kv_ladder, seams.padding_block)
+    builder = MetadataBuilder(b)
     return World(config, fault, seams, builder, frozenset(warm_plan(b, seams)), ladders(config))
 
 
@@ -97,7 +97,7 @@ def run_trace(
     def body() -> list[Finding]:
         w = world(config, fault)
         lock = Lockstep(w.config)
-        out.append(replay(w.config, list(events), lock))
+        out.append(replay(w.config, list(events), lock, w.builder))
         return lock.findings(w, out[0]) + trace_findings(w, out[0])
 
     found = guarded("dispatch", config, fault, body, events)
@@ -136,11 +136,13 @@ def trace_findings(w: World, state: BatchState) -> list[Finding]:
 def _build(
     builder: MetadataBuilder, p: StepPoint
 ) -> tuple[Bucket, tuple[tuple[int, ...], ...], tuple[str, ...], tuple[int, ...]]:
-    if p.kind == PREFILL:
-        md = builder.build_prefill(p.seqs[0], p.tkv)
+    # run_trace replays with `builder`: the layout the scheduler's plan carries is builder's own.
+    md = p.metadata
+    if md is None:
+        md = builder.build_prefill(p.seqs[0], p.tkv) if p.kind == PREFILL else builder.build_decode(list(p.seqs), p.tkv)
+    if isinstance(md, PrefillMetadata):
         return md.bucket, (md.block_table,), (md.request_id,), (md.left_pad,)
-    dmd = builder.build_decode(list(p.seqs), p.tkv)
-    return dmd.bucket, dmd.block_table, dmd.request_ids, dmd.left_pads
+    return md.bucket, md.block_table, md.request_ids, md.left_pads
 
 
 def _off_key(w: World, state: BatchState, off: list[tuple[StepPoint, Bucket, Bucket | None]]) -> Finding:

@@ -134,10 +134,11 @@ def spyre_engine(spyre_config: RuntimeConfig) -> Iterator[Engine]:
     engine = Engine(spyre_config, wrap_backend=counting_wrapper(checkers))
     for c in checkers:
         c.attach(engine)
-    engine.warmup()
-    yield engine
-    for c in checkers:
-        c.finish(engine)
+    with engine:  # closing it puts back the Dynamo limits it set
+        engine.warmup()
+        yield engine
+        for c in checkers:
+            c.finish(engine)
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from typing import Any
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.errors import RequestError
 from runtime.events import DispatchEvent
 from runtime.seams import Seams
+from spyre_verify import serve_loop
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.dispatch import DispatchCoverage
@@ -24,6 +24,7 @@ from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.serve_loop import ServeStats, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, boundary_arrivals, seeded_workload
@@ -95,31 +96,20 @@ class RunResult:
 def serve(
     engine: Engine, workload: list[Arrival], progress: Progress | None = None, observers: Sequence[Any] = ()
 ) -> tuple[int, int]:
-    """Feed arrivals in before their step and run to completion; returns (admitted, rejected).
+    """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
 
     A rejected request is shown to every observer with an `on_rejected` method, so a
     contract model can judge the refusal.
     """
-    pending, admitted, rejected = list(workload), 0, 0
-    judges = [o for o in observers if hasattr(o, "on_rejected")]
-    while pending or engine.has_work():
-        while pending and pending[0].step <= engine.steps:
-            a = pending.pop(0)
-            try:
-                engine.add_request(list(a.prompt), a.max_tokens)
-                admitted += 1
-            except RequestError as e:
-                rejected += 1
-                for j in judges:
-                    j.on_rejected(a.prompt, a.max_tokens, str(e))
-        if engine.has_work():
-            engine.step()
-            if progress and engine.steps % 50 == 0:
-                progress(f"serving: step {engine.steps}, {admitted} requests added, {len(pending)} to come")
-        elif pending:  # idle until the next arrival: skip ahead, keeping the gaps between arrivals
-            delta = pending[0].step - engine.steps
-            pending = [Arrival(a.step - delta, a.prompt, a.max_tokens) for a in pending]
-    return admitted, rejected
+
+    def note(_: object, s: ServeStats) -> None:
+        if progress and engine.steps % 50 == 0:
+            progress(
+                f"serving: step {engine.steps}, {s.accepted} requests added, {len(workload) - s.submitted} to come"
+            )
+
+    stats = serve_loop.serve(engine, workload, on_rejected=judged_by(observers), on_step=note)
+    return stats.accepted, stats.rejected
 
 
 def cover(engine: Engine, progress: Progress | None = None) -> tuple[int, list[str]]:
@@ -157,53 +147,54 @@ def verify(
     if dispatch is not None and coverage:
         dispatch.require_coverage = True
     result = RunResult(config, fault, checkers)
-    engine = Engine(config, seams, wrap_backend=counting_wrapper(checkers))
-    log = DispatchLog()
-    engine.subscribe(log)
-    for c in checkers:
-        c.attach(engine)
-    stage = "warmup"
-    t0 = time.perf_counter()
-    try:
-        if progress:
-            progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
-        engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
-        result.warmup_graphs = len(engine.recorder.events)
-        result.warmup_seconds = time.perf_counter() - t0
-        if graph is not None:
-            stage = "preflight"
-            graph.preflight()
-        stage = "serving"
-        workload = workload if workload is not None else seeded_workload(config, 40)
+    # Closing the engine puts back the Dynamo limits it set.
+    with Engine(config, seams, wrap_backend=counting_wrapper(checkers)) as engine:
+        log = DispatchLog()
+        engine.subscribe(log)
+        for c in checkers:
+            c.attach(engine)
+        stage = "warmup"
         t0 = time.perf_counter()
-        with graph.guard() if graph is not None else contextlib.nullcontext():
-            result.requests, result.rejected = serve(engine, workload, progress, checkers)
-            # Then the edge of admission: each must be admitted or refused exactly as DESIGN says.
-            edge = serve(engine, boundary_arrivals(config), progress, checkers)
-            result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
-            if coverage:
-                stage = "coverage traffic"
-                result.scenarios, result.coverage_problems = cover(engine, progress)
-    except InvariantViolation as e:
-        result.error = f"{stage} stopped: {e.violations[0]}"
-    except Exception as e:  # the runtime under test raised: a finding, not a traceback
-        crash.record(stage, e)
-        result.error = f"{stage} crashed: {first_line(e)}"
-    result.serve_seconds = time.perf_counter() - t0
-    result.steps = engine.steps
-    result.dispatch = {str(b): n for b, n in sorted(log.counts().items())}
-    for c in checkers:
         try:
-            c.finish(engine)
-        except InvariantViolation:
-            pass
-        except Exception as e:
-            crash.record(f"the {c.name} check's end-of-run inspection", e)
-    if controls and graph is not None:
-        try:
-            graph.run_controls()
-        except InvariantViolation:
-            pass
-        except Exception as e:
-            crash.record("the control calls", e)
-    return result
+            if progress:
+                progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+            engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
+            result.warmup_graphs = len(engine.recorder.events)
+            result.warmup_seconds = time.perf_counter() - t0
+            if graph is not None:
+                stage = "preflight"
+                graph.preflight()
+            stage = "serving"
+            workload = workload if workload is not None else seeded_workload(config, 40)
+            t0 = time.perf_counter()
+            with graph.guard() if graph is not None else contextlib.nullcontext():
+                result.requests, result.rejected = serve(engine, workload, progress, checkers)
+                if coverage:
+                    # The edge of admission: each must be admitted or refused exactly as DESIGN says.
+                    edge = serve(engine, boundary_arrivals(config), progress, checkers)
+                    result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
+                    stage = "coverage traffic"
+                    result.scenarios, result.coverage_problems = cover(engine, progress)
+        except InvariantViolation as e:
+            result.error = f"{stage} stopped: {e.violations[0]}"
+        except Exception as e:  # the runtime under test raised: a finding, not a traceback
+            crash.record(stage, e)
+            result.error = f"{stage} crashed: {first_line(e)}"
+        result.serve_seconds = time.perf_counter() - t0
+        result.steps = engine.steps
+        result.dispatch = {str(b): n for b, n in sorted(log.counts().items())}
+        for c in checkers:
+            try:
+                c.finish(engine)
+            except InvariantViolation:
+                pass
+            except Exception as e:
+                crash.record(f"the {c.name} check's end-of-run inspection", e)
+        if controls and graph is not None:
+            try:
+                graph.run_controls()
+            except InvariantViolation:
+                pass
+            except Exception as e:
+                crash.record("the control calls", e)
+        return result

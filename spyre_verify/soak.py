@@ -12,21 +12,19 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.errors import RequestError
 from runtime.events import DispatchEvent, RequestEvent, StepEvent
 from runtime.seams import Seams
-from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
 from spyre_verify.session import always_on
 from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, seeded_workload
@@ -57,10 +55,12 @@ class Tracker:
         self.admitted: dict[str, int] = {}
         self.finished: dict[str, int] = {}
         self.max_running = 0
+        self.max_waiting = 0  # the longest the queue got: accepted, not yet admitted
         self.steps = 0
 
     def on_request(self, ev: RequestEvent) -> None:
         self.accepted[ev.request_id] = self.steps
+        self.max_waiting = max(self.max_waiting, len(self.accepted) - len(self.admitted))
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         if ev.kernel == PREFILL:
@@ -150,33 +150,23 @@ def checkers_for(integrity_every: int) -> list[Checker]:
 
 
 def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: float, progress: Progress | None) -> None:
-    """Submit arrivals before their step and step the engine until done or out of time."""
-    pending, sched = deque(work), engine.scheduler
-    idle = 0  # steps the engine sat idle: arrival steps count them, engine.steps does not
-    started = time.monotonic()
+    """Serve the arrivals through `serve_loop.serve` until done or out of time."""
+    stats, started = ServeStats(), time.monotonic()
     next_note = started + PROGRESS_SECONDS
-    while pending or engine.has_work():
-        if time.monotonic() > deadline:
-            result.time_limit_hit = True
-            return
-        while pending and pending[0].step <= engine.steps + idle:
-            a = pending.popleft()
-            result.submitted += 1
-            try:
-                engine.add_request(list(a.prompt), a.max_tokens)
-            except RequestError as e:
-                result.rejected += 1
-                for c in result.checkers:  # the contract model judges every refusal
-                    if isinstance(c, ContractConformance):
-                        c.on_rejected(a.prompt, a.max_tokens, str(e))
-        result.max_waiting = max(result.max_waiting, len(sched.waiting))
-        if engine.has_work():
-            engine.step()
-        elif pending:  # idle until the next arrival: skip ahead, keeping the gaps after it
-            idle = pending[0].step - engine.steps
+
+    def note(_: object, s: ServeStats) -> None:
+        nonlocal next_note
+        result.submitted, result.rejected = s.submitted, s.rejected
         if progress and time.monotonic() >= next_note:
             next_note = time.monotonic() + PROGRESS_SECONDS
             progress(f"{status_line(result, engine)}, {time.monotonic() - started:.0f} s")
+
+    try:  # the contract model judges every refusal
+        serve(engine, work, on_rejected=judged_by(result.checkers), on_step=note, deadline=deadline, stats=stats)
+    finally:  # a step that raised keeps the counts so far
+        result.submitted, result.rejected = stats.submitted, stats.rejected
+        result.time_limit_hit = stats.stopped == DEADLINE
+        result.max_waiting = result.tracker.max_waiting
 
 
 def status_line(result: SoakResult, engine: Engine) -> str:
@@ -211,34 +201,35 @@ def soak(
 ) -> SoakResult:
     checkers = checkers_for(opts.integrity_every)
     crash = next(c for c in checkers if isinstance(c, RuntimeCrash))
-    engine = Engine(config, seams, wrap_backend=counting_wrapper(checkers))
-    result = SoakResult(config, opts, checkers, Tracker())
-    engine.subscribe(result.tracker)
-    for c in checkers:
-        c.attach(engine)
-    t0 = time.perf_counter()
-    if progress:
-        progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
-    engine.warmup()
-    result.warmup_seconds = time.perf_counter() - t0
-    graph = next(c for c in checkers if isinstance(c, GraphReuse))
-    t0 = time.perf_counter()
-    try:
-        with graph.guard():
-            drive(engine, arrivals(config, opts), result, time.monotonic() + opts.time_limit, progress)
-    except InvariantViolation as e:
-        result.error = f"serving stopped: {e.violations[0]}"
-    except Exception as e:  # the runtime under test raised: a finding with the batch it served
-        crash.record("serving", e)
-        result.error = f"serving crashed: {first_line(e)}"
-    result.serve_seconds = time.perf_counter() - t0
-    result.steps = engine.steps
-    for c in checkers:
-        if c is not result.output:  # the output checker compares a seeded sample below instead
-            with contextlib.suppress(InvariantViolation):
-                c.finish(engine)
-    audit_blocks(engine, result)
-    t0 = time.perf_counter()
-    compare_sample(engine, result, result.output)
-    result.reference_seconds = time.perf_counter() - t0
-    return result
+    # Closing the engine puts back the Dynamo limits it set.
+    with Engine(config, seams, wrap_backend=counting_wrapper(checkers)) as engine:
+        result = SoakResult(config, opts, checkers, Tracker())
+        engine.subscribe(result.tracker)
+        for c in checkers:
+            c.attach(engine)
+        t0 = time.perf_counter()
+        if progress:
+            progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+        engine.warmup()
+        result.warmup_seconds = time.perf_counter() - t0
+        graph = next(c for c in checkers if isinstance(c, GraphReuse))
+        t0 = time.perf_counter()
+        try:
+            with graph.guard():
+                drive(engine, arrivals(config, opts), result, time.monotonic() + opts.time_limit, progress)
+        except InvariantViolation as e:
+            result.error = f"serving stopped: {e.violations[0]}"
+        except Exception as e:  # the runtime under test raised: a finding with the batch it served
+            crash.record("serving", e)
+            result.error = f"serving crashed: {first_line(e)}"
+        result.serve_seconds = time.perf_counter() - t0
+        result.steps = engine.steps
+        for c in checkers:
+            if c is not result.output:  # the output checker compares a seeded sample below instead
+                with contextlib.suppress(InvariantViolation):
+                    c.finish(engine)
+        audit_blocks(engine, result)
+        t0 = time.perf_counter()
+        compare_sample(engine, result, result.output)
+        result.reference_seconds = time.perf_counter() - t0
+        return result

@@ -39,10 +39,12 @@ from typing import Any, Protocol
 from hypothesis import strategies as st
 
 from runtime.block_pool import BlockPool
+from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError, RequestError
-from runtime.metadata import SeqState
+from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
 from runtime.scheduler import Scheduler
+from spyre_verify.sim import Sim, stand_ins
 from spyre_verify.workload import Arrival
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -221,6 +223,7 @@ class StepPoint:
     seqs: tuple[SeqState, ...]
     owners: tuple[tuple[int, str], ...]  # (block, owner) for every allocated block
     finished: tuple[str, ...] = ()  # the requests this step finished
+    metadata: PrefillMetadata | DecodeMetadata | None = None  # the replay builder's layout of this step
 
     def describe(self) -> dict[str, Any]:
         rows = [
@@ -256,18 +259,13 @@ class Watch(Protocol):
 
 
 def step_once(sched: Scheduler, index: int) -> StepPoint | None:
-    """One engine step without tensors: the Engine.step schedule, with token 0 as every output."""
-    adm = sched.next_admission()
-    if adm is not None:
-        req = sched.admit(adm)
-        point = StepPoint(index, "prefill", sched.tkv, (req.seq_state(),), _owners(sched.pool))
-        done = sched.record_prefill(req, 0)
-    elif sched.running:
-        sched.grow_for_decode()
-        point = StepPoint(index, "decode", sched.tkv, tuple(sched.seq_states()), _owners(sched.pool))
-        done = sched.record_decode([0] * len(sched.running))
-    else:
+    """One engine step without tensors: the runtime's own `schedule` and `postprocess`, with
+    stand-in tokens; the point records the batch and the pool's owners at dispatch."""
+    plan = sched.schedule()
+    if plan is None:
         return None
+    point = StepPoint(index, plan.kind, plan.metadata.tkv, plan.rows, _owners(sched.pool), metadata=plan.metadata)
+    done = sched.postprocess(stand_ins(plan))
     return replace(point, finished=tuple(r.request_id for r in done)) if done else point
 
 
@@ -275,13 +273,19 @@ def _owners(pool: BlockPool) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(pool.allocated().items()))
 
 
-def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...], watch: Watch | None = None) -> BatchState:
-    """Drive a fresh Scheduler and BlockPool through `events`; record every dispatch.
+def replay(
+    config: RuntimeConfig,
+    events: list[Op] | tuple[Op, ...],
+    watch: Watch | None = None,
+    builder: MetadataBuilder | None = None,
+) -> BatchState:
+    """Drive a fresh Scheduler and BlockPool (a `Sim`) through `events`; record every dispatch.
 
     An add the scheduler refuses is kept in `rejected`; `watch` sees every add and step.
+    `builder` lays out each step (default: a builder on the config's own bucketer).
     """
-    pool = BlockPool(config.total_blocks)
-    sched = Scheduler(config, pool)
+    sim = Sim(config, builder if builder is not None else _builder(config))
+    pool, sched = sim.pool, sim.scheduler
     points: list[StepPoint] = []
     rejected: list[Op] = []
     for op in events:
@@ -313,6 +317,11 @@ def replay(config: RuntimeConfig, events: list[Op] | tuple[Op, ...], watch: Watc
         pool.num_free,
         tuple(rejected),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _builder(config: RuntimeConfig) -> MetadataBuilder:
+    return MetadataBuilder(SpyreAttnBucketer(config))
 
 
 @st.composite

@@ -1,6 +1,6 @@
 """Coverage traffic from the oracle: for every bucket the independent walk reaches, the
-walk's own witness replayed as arrivals on a real engine, and the one loop that drives
-a scenario from an idle engine until it is idle again.
+walk's own witness replayed as arrivals on a real engine, driven from an idle engine
+until it is idle again by the one serve loop (`spyre_verify.serve_loop`).
 
 Nothing here asks the runtime what it should do: the expected answer is the walk. A
 scenario that does not dispatch its target on the engine is a finding about the engine,
@@ -16,6 +16,7 @@ from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from spyre_verify.oracle.walk import Action, reachable
+from spyre_verify.serve_loop import IDLE, MAX_STEPS, Servable, ServeStats, serve
 from spyre_verify.workload import Arrival
 
 
@@ -69,20 +70,24 @@ def step_limit(config: RuntimeConfig) -> int:
     return 4 * config.max_model_len + 8
 
 
-def drive(engine: Any, pending_arrivals: tuple[Arrival, ...], max_steps: int) -> list[Bucket]:
-    """Run one scenario from an idle engine until idle again; the buckets it dispatched, in order."""
-    start, pending, dispatched = engine.steps, list(pending_arrivals), []
-    while pending or engine.has_work():
-        while pending and pending[0].step <= engine.steps - start:
-            a = pending.pop(0)
-            engine.add_request(list(a.prompt), a.max_tokens)
-        if not engine.has_work():
-            raise PlanError(f"engine idle at step {engine.steps - start} with {len(pending)} arrivals pending")
-        if engine.steps - start >= max_steps:
-            raise PlanError(f"scenario still busy after {max_steps} steps")
-        result = engine.step()
-        if result.bucket is not None:
+def drive(engine: Servable, pending_arrivals: tuple[Arrival, ...], max_steps: int) -> list[Bucket]:
+    """Run one scenario from an idle engine until idle again; the buckets it dispatched, in order.
+
+    A witness has no idle gaps and no refused request: an engine that idles with
+    arrivals still to come is a `PlanError` (not skipped over), and a refusal raises.
+    """
+    dispatched: list[Bucket] = []
+
+    def record(result: Any, _: ServeStats) -> None:
+        if getattr(result, "bucket", None) is not None:
             dispatched.append(result.bucket)
+
+    stats = serve(engine, pending_arrivals, on_step=record, max_steps=max_steps, skip_idle=False)
+    if stats.stopped == MAX_STEPS:
+        raise PlanError(f"scenario still busy after {max_steps} steps")
+    if stats.stopped is not None:
+        pending, what = len(pending_arrivals) - stats.submitted, "idle" if stats.stopped == IDLE else "stalled"
+        raise PlanError(f"engine {what} at step {stats.steps} with {pending} arrivals pending")
     return dispatched
 
 

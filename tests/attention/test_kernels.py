@@ -11,13 +11,14 @@ data, so any leak shows up as a mismatch.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from runtime import attention, ladders
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
-from runtime.compiler import KernelRunner, apply_recompile_limit
+from runtime.compiler import KernelRunner, compile_limits, set_dynamo_config
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
 
@@ -34,14 +35,15 @@ assert BUCKETER.num_seqs == (2, 4)
 
 
 @pytest.fixture(scope="module")
-def runners() -> dict[str, KernelRunner]:
-    apply_recompile_limit(CONFIG, len(list(BUCKETER.candidates())))
+def runners() -> Iterator[dict[str, KernelRunner]]:
+    replaced = set_dynamo_config(compile_limits(CONFIG, len(list(BUCKETER.candidates()))))
     bus = EventBus()
-    return {
+    yield {
         DECODE: KernelRunner(DECODE, attention.make_decode(), CONFIG, bus),
         BATCHED: KernelRunner(BATCHED, attention.make_batched(), CONFIG, bus),
         PREFILL: KernelRunner(PREFILL, attention.make_prefill(), CONFIG, bus),
     }
+    set_dynamo_config(replaced)
 
 
 # -- random inputs ------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from runtime.block_pool import BlockPool
+from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
+from runtime.metadata import MetadataBuilder
 from runtime.scheduler import Request, Scheduler
 
 BS, L = 4, 32
@@ -11,16 +13,15 @@ BS, L = 4, 32
 
 def scheduler(max_num_seqs: int = 4) -> Scheduler:
     c = RuntimeConfig(block_size=BS, max_model_len=L, max_num_seqs=max_num_seqs, backend="eager")
-    return Scheduler(c, BlockPool(c.total_blocks))
+    return Scheduler(c, BlockPool(c.total_blocks), MetadataBuilder(SpyreAttnBucketer(c)))
 
 
 def admit(s: Scheduler, prompt_len: int, max_tokens: int, rid: str) -> Request:
     s.add([1] * prompt_len, max_tokens, rid)
-    adm = s.next_admission()
-    assert adm is not None and adm.request.request_id == rid
-    req = s.admit(adm)
-    s.record_prefill(req, 7)
-    return req
+    plan = s.schedule()
+    assert plan is not None and plan.admission is not None and plan.admission.request_id == rid
+    s.postprocess([7])
+    return plan.admission.request
 
 
 def test_the_first_request_is_never_shifted() -> None:

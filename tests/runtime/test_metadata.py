@@ -114,13 +114,15 @@ def test_prefill_at_tkv_inside_a_block() -> None:
     assert all(s // BS != NULL_BLOCK for s in md.slots)
 
 
-def test_builder_ladders_are_the_bucketers() -> None:
+def test_builder_keys_are_the_bucketers() -> None:
     for kwargs in ({}, {"kv_buckets": (8, 32)}, {"max_num_seqs": 3}):
         c = RuntimeConfig(block_size=BS, max_model_len=32, backend="eager", **kwargs)
         bucketer = SpyreAttnBucketer(c)
         mb = MetadataBuilder(bucketer)
-        assert mb.ladders()["kv_blocks"] == bucketer.kv_blocks
-        assert mb.ladders()["num_seqs"] == bucketer.num_seqs
+        for tkv in range(0, 31):
+            rows = [SeqState(f"r{i}", tuple(range(1, tkv // BS + 2)), tkv, 0) for i in range(c.max_num_seqs)]
+            for n in range(1, c.max_num_seqs + 1):
+                assert mb.build_decode(rows[:n], tkv).bucket == bucketer.decode_bucket(n, tkv // BS + 1)
 
 
 def test_override_honoured_by_default_builder() -> None:
@@ -131,23 +133,11 @@ def test_override_honoured_by_default_builder() -> None:
     assert md.bucket in bucketer.warm_set()
 
 
-def test_injected_kv_ladder_dispatches_outside_the_warm_set() -> None:
-    # The historical divergence: the override says rungs [2, 8] blocks, the builder keeps powers of two.
-    bucketer = SpyreAttnBucketer(RuntimeConfig(block_size=BS, max_model_len=32, kv_buckets=(8, 32), backend="eager"))
-    mb = MetadataBuilder(bucketer, kv_ladder=(1, 2, 4, 8))
-    assert mb.ladders()["kv_blocks"] != bucketer.kv_blocks
-    single = mb.build_decode([SeqState("a", (1,), 2, 0)], tkv=2)
-    assert single.bucket == Bucket(DECODE, (1,))
-    assert single.bucket not in bucketer.warm_set()
-    pair = mb.build_decode([SeqState("a", (1,), 2, 0), SeqState("b", (2,), 1, 1)], tkv=2)
-    assert pair.bucket == Bucket(BATCHED, (2, 1, False, True))
-    assert pair.bucket not in bucketer.warm_set()
+def test_padding_block_shows_in_padded_entries() -> None:
+    class PadsWithSeven(MetadataBuilder):
+        padding_block = 7
 
-
-def test_injected_padding_block_shows_in_padded_entries() -> None:
-    mb = MetadataBuilder(
-        SpyreAttnBucketer(RuntimeConfig(block_size=BS, max_model_len=32, backend="eager")), padding_block=7
-    )
+    mb = PadsWithSeven(SpyreAttnBucketer(RuntimeConfig(block_size=BS, max_model_len=32, backend="eager")))
     md = mb.build_decode([A, B, C], tkv=8)
     assert md.block_table[1] == (7, 7, 10, 7) and md.block_table[3] == (7, 7, 7, 7)
 

@@ -6,31 +6,42 @@ import math
 
 import pytest
 
-from runtime.block_pool import BlockPool
+from runtime.block_pool import NULL_BLOCK, BlockPool
+from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from runtime.scheduler import Request, Scheduler
+from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
+from runtime.scheduler import Request, Scheduler, StepPlan
 
 BS, L = 4, 32
 
 
 def scheduler(max_num_seqs: int = 4, **kwargs: object) -> Scheduler:
     c = RuntimeConfig(block_size=BS, max_model_len=L, max_num_seqs=max_num_seqs, backend="eager", **kwargs)
-    return Scheduler(c, BlockPool(c.total_blocks))
+    return Scheduler(c, BlockPool(c.total_blocks), MetadataBuilder(SpyreAttnBucketer(c)))
+
+
+def plan_prefill(s: Scheduler, rid: str) -> StepPlan:
+    plan = s.schedule()
+    assert plan is not None and plan.admission is not None and plan.admission.request_id == rid
+    return plan
 
 
 def admit(s: Scheduler, prompt_len: int, max_tokens: int, rid: str) -> Request:
     s.add([1] * prompt_len, max_tokens, rid)
-    adm = s.next_admission()
-    assert adm is not None and adm.request.request_id == rid
-    req = s.admit(adm)
-    s.record_prefill(req, 7)
-    return req
+    adm = plan_prefill(s, rid).admission
+    s.postprocess([7])
+    return adm.request
+
+
+def plan_decode(s: Scheduler) -> StepPlan:
+    plan = s.schedule()
+    assert plan is not None and plan.kind == "decode" and plan.admission is None
+    return plan
 
 
 def decode(s: Scheduler) -> list[Request]:
-    s.grow_for_decode()
-    return s.record_decode([7] * len(s.running))
+    return s.postprocess([7] * len(plan_decode(s).rows))
 
 
 def check_rows(s: Scheduler) -> None:
@@ -55,9 +66,9 @@ def test_join_shorter_prompt_is_left_padded_to_tkv() -> None:
         s.add([1] * p, 3, f"p{p}")
         adm = s.next_admission()
         assert adm is not None and adm.shift == 0 and adm.tkv == 8
-        req = s.admit(adm)
-        assert req.left_pad == 8 - p
-        s.record_prefill(req, 7)
+        plan = plan_prefill(s, f"p{p}")
+        assert plan.admission == adm and plan.rows[0].left_pad == 8 - p
+        s.postprocess([7])
     assert s.tkv == 8
     check_rows(s)
 
@@ -70,12 +81,13 @@ def test_longer_join_shifts_every_row_by_a_block_multiple() -> None:
     s.add([1] * 13, 4, "c")  # 13 > 8: shift by ceil(5 / 4) * 4 = 8
     adm = s.next_admission()
     assert adm is not None and (adm.shift, adm.tkv) == (8, 16)
-    c = s.admit(adm)
-    assert s.tkv == 16
+    plan = plan_prefill(s, "c")
+    c = adm.request
+    assert s.tkv == 16 and plan.admission == adm
     assert (a.left_pad, b.left_pad, c.left_pad) == (10, 13, 3)
     assert adm.shift % BS == 0
     assert a.blocks == a_blocks and b.blocks == b_blocks, "a shift adds only null entries"
-    s.record_prefill(c, 7)
+    s.postprocess([7])
     check_rows(s)
 
 
@@ -83,10 +95,10 @@ def test_strip_drops_whole_padding_blocks_after_a_finish() -> None:
     s = scheduler()
     a = admit(s, 8, 2, "a")  # tkv 8, lp 0, one decode left
     b = admit(s, 2, 5, "b")  # lp 6: one whole padding block
-    s.grow_for_decode()
+    plan_decode(s)
     assert len(b.blocks) == 2  # its prompt block and the block for position 8
     b_blocks = list(b.blocks)
-    done = s.record_decode([7, 7])
+    done = s.postprocess([7, 7])
     assert done == [a] and a not in s.running
     assert s.pool.blocks_of("a") == [] and s.pool.reserved("a") == 0
     # tkv 9 -> 5, b's left padding 6 -> 2: one leading null entry dropped, real blocks kept.
@@ -132,7 +144,7 @@ def test_reservation_formula_alone(prompt: int, max_tokens: int, reserved: int) 
     s.add([1] * prompt, max_tokens, "r")
     adm = s.next_admission()
     assert adm is not None and adm.reservation == reserved
-    s.admit(adm)
+    plan_prefill(s, "r")
     assert len(s.pool.blocks_of("r")) + s.pool.reserved("r") == reserved
 
 
@@ -271,18 +283,14 @@ def test_an_empty_scheduler_is_at_tkv_zero() -> None:
 def test_outputs_hold_the_tokens_recorded() -> None:
     s = scheduler()
     s.add([1] * 3, 4, "a")
-    adm = s.next_admission()
-    assert adm is not None
-    a = s.admit(adm)
-    s.record_prefill(a, 11)
+    plan_prefill(s, "a")
+    s.postprocess([11])
     s.add([1] * 2, 3, "b")
-    adm = s.next_admission()
-    assert adm is not None
-    b = s.admit(adm)
-    s.record_prefill(b, 21)
-    s.grow_for_decode()
-    s.record_decode([12, 22])
-    assert (a.output, b.output) == ([11, 12], [21, 22])
+    plan_prefill(s, "b")
+    s.postprocess([21])
+    assert plan_decode(s).inputs == (11, 21)  # each row's newest token is its next input
+    s.postprocess([12, 22])
+    assert [r.output for r in s.running] == [[11, 12], [21, 22]]
     assert [(r.request_id, r.remaining, r.num_cached) for r in s.running] == [("a", 2, 4), ("b", 1, 3)]
 
 
@@ -312,7 +320,57 @@ def test_a_row_that_drifts_off_tkv_is_caught_at_the_next_settle() -> None:
     # Corrupt one row's padding behind the scheduler's back: the strip's invariant check must fire.
     s = scheduler()
     a = admit(s, 6, 5, "a")
+    plan_decode(s)
     a.left_pad += 1
-    s.grow_for_decode()
     with pytest.raises(AssertionError, match=r"^rows must end at tkv"):
-        s.record_decode([7])
+        s.postprocess([7])
+
+
+# -- the step plan ----------------------------------------------------------------------------
+
+
+def test_a_prefill_plan_lays_out_the_joiner() -> None:
+    s = scheduler()
+    admit(s, 6, 5, "a")  # tkv 8
+    s.add([3, 4, 5], 4, "b")
+    plan = plan_prefill(s, "b")
+    md = plan.metadata
+    assert isinstance(md, PrefillMetadata)
+    assert (plan.kind, plan.request_ids, plan.inputs) == ("prefill", ("b",), (3, 4, 5))
+    assert plan.bucket == md.bucket == s.builder.bucketer.prefill_bucket(8)
+    assert (md.tkv, md.left_pad, md.prompt_len) == (8, 5, 3)
+    b = plan.admission.request
+    assert md.block_table == (NULL_BLOCK, *b.blocks) and len(md.slots) == 3
+    assert (plan.admission.shift, plan.admission.reservation) == (0, 2)
+
+
+def test_a_decode_plan_gives_every_row_its_block_first() -> None:
+    s = scheduler()
+    admit(s, 8, 5, "a")
+    admit(s, 2, 5, "b")
+    plan = plan_decode(s)
+    md = plan.metadata
+    assert isinstance(md, DecodeMetadata)
+    assert plan.request_ids == md.request_ids == ("a", "b") and plan.inputs == (7, 7)
+    assert [len(r.blocks) for r in plan.rows] == [3, 2], "position 8 starts a new block in both rows"
+    assert md.tkv == 8 and s.tkv == 8, "tkv moves only when the tokens come back"
+    s.postprocess([7, 7])
+    assert s.tkv == 9
+
+
+def test_nothing_to_do_is_no_plan() -> None:
+    s = scheduler()
+    assert s.schedule() is None
+    assert s.schedule() is None  # an idle step leaves nothing to postprocess
+
+
+def test_a_plan_is_postprocessed_once_with_one_token_per_row() -> None:
+    s = scheduler()
+    s.add([1], 3, "a")
+    with pytest.raises(AssertionError, match="postprocess follows schedule"):
+        s.postprocess([7])
+    plan = plan_prefill(s, "a")
+    assert s.schedule() is plan  # a step whose kernels raised is retried with the same plan
+    assert [r.request_id for r in s.running] == ["a"]  # ... not admitted twice
+    with pytest.raises(AssertionError, match="2 tokens for 1 rows"):
+        s.postprocess([7, 7])

@@ -14,11 +14,12 @@ import pytest
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from spyre_verify.bench import Figure
-from spyre_verify.bench_sched import Sim, prefill_waste, serve
+from spyre_verify.bench_sched import plans, prefill_waste
 from spyre_verify.cli import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
 from spyre_verify.session import DispatchLog
 from spyre_verify.session import serve as engine_serve
+from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
 
 IDS = ["1", "1b", "2", "3", "4", "5", "6"]
@@ -83,7 +84,7 @@ def test_tensor_free_sim_dispatches_what_the_engine_dispatches() -> None:
     engine.warmup()
     engine_serve(engine, work)
     served = [e.bucket for e in log.events if e.phase == "serving"]
-    assert served and [md.bucket for md in serve(Sim(config), work)] == served
+    assert served and [p.bucket for p in plans(Sim(config), work)] == served
 
 
 def test_padding_to_a_block_wastes_less_than_padding_to_the_top_rung() -> None:

@@ -84,12 +84,14 @@ def test_strict_mode_raises_with_the_violation() -> None:
 
 
 def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
-    config, seams = CATALOG["builder-own-ladder"].apply(TINY)
+    fault = CATALOG["builder-own-ladder"]
+    config, seams = fault.apply(TINY)
     engine = Engine(config, seams)
     checker = DispatchCoverage()
     checker.attach(engine)
     engine.warmup()
-    one_block_decode(engine)
+    with fault.active():
+        one_block_decode(engine)
     cold = [v for v in checker.violations if v.kind == "cold-dispatch"]
     assert [v.bucket for v in cold] == ["decode(1,)"]
     assert "1 seqs, tkv=2" in cold[0].message

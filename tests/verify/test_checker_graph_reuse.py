@@ -200,14 +200,16 @@ def test_an_engine_built_without_the_counter_is_reported(monkeypatch: pytest.Mon
 
 
 def test_recompile_in_serving_is_caught_by_stance_and_by_backend() -> None:
-    config, seams = CATALOG["builder-own-ladder"].apply(TINY)
+    fault = CATALOG["builder-own-ladder"]
+    config, seams = fault.apply(TINY)
     engine, checker = warmed(config, seams)
-    with pytest.raises(InvariantViolation), checker.guard():
-        one_block_decode(engine)
-    [stance] = checker.violations
-    assert (stance.kind, stance.bucket) == ("stance-recompile", "decode(1,)")
-    assert "1 seqs, tkv=2" in stance.message
-    engine.run_until_done()  # without the stance, the cold bucket compiles in serving
+    with fault.active():
+        with pytest.raises(InvariantViolation), checker.guard():
+            one_block_decode(engine)
+        [stance] = checker.violations
+        assert (stance.kind, stance.bucket) == ("stance-recompile", "decode(1,)")
+        assert "1 seqs, tkv=2" in stance.message
+        engine.run_until_done()  # without the stance, the cold bucket compiles in serving
     assert [(v.kind, v.bucket) for v in checker.violations[1:]] == [("compile-after-warmup", "decode(1,)")]
     # One refused by the stance before it happened, one the backend saw compile.
     assert checker.summary()["compiles_after_warmup"] == 2

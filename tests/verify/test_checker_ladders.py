@@ -42,8 +42,10 @@ def test_probe_covers_every_shape_the_config_allows() -> None:
 
 
 def test_builder_own_ladder_is_flagged_at_attach() -> None:
-    config, seams = CATALOG["builder-own-ladder"].apply(CHECK)
-    [v] = attached(Engine(config, seams)).violations
+    fault = CATALOG["builder-own-ladder"]
+    config, seams = fault.apply(CHECK)
+    with fault.active():
+        [v] = attached(Engine(config, seams)).violations
     assert v.kind == "ladder-divergence"
     assert "the builder's kv_blocks ladder [1, 2, 4] differs from the oracle's [3, 4]" in v.message
     assert "rungs only the builder has [1, 2], rungs it lacks [3]" in v.message
@@ -51,12 +53,11 @@ def test_builder_own_ladder_is_flagged_at_attach() -> None:
     assert (v.bucket, v.batch) == ("decode(1,)", "a decode of 1 row at tkv 0")
 
 
-def test_inline_builder_ladder_is_caught_by_behaviour_though_its_attributes_agree() -> None:
+def test_inline_builder_ladder_is_caught_by_behaviour_only_while_patched() -> None:
     fault = CATALOG["inline-builder-ladder"]
     config, seams = fault.apply(CHECK)
     engine = Engine(config, seams)
-    # What the old attribute comparison read: identical, so it could never see this bug.
-    assert engine.builder.ladders()["kv_blocks"] == engine.bucketer.kv_blocks == (3, 4)
+    assert engine.bucketer.kv_blocks == (3, 4)  # the builder reports no ladder: only its picks show the bug
     with fault.active():
         [v] = attached(engine).violations
     assert v.kind == "ladder-divergence" and "rungs only the builder has [1, 2], rungs it lacks [3]" in v.message
@@ -76,8 +77,8 @@ def test_shared_ladders_are_quiet_at_attach_and_after_a_real_warmup() -> None:
 def test_num_seqs_rung_of_the_builders_own_is_named() -> None:
     real = SpyreAttnBucketer(CHECK)
 
-    def three_rung(seqs: int, blocks: int, ladder: tuple[int, ...] | None = None) -> Bucket:
-        b = real.decode_bucket(seqs, blocks, ladder)
+    def three_rung(seqs: int, blocks: int) -> Bucket:
+        b = real.decode_bucket(seqs, blocks)
         return Bucket(BATCHED, (3, b.key[1], False, True)) if seqs == 3 else b
 
     [d] = probe_builder(builder_with(CHECK, decode_bucket=three_rung), CHECK)
@@ -89,8 +90,8 @@ def test_num_seqs_rung_of_the_builders_own_is_named() -> None:
 def test_right_ladders_with_a_wrong_key_is_a_key_mismatch() -> None:
     real = SpyreAttnBucketer(CHECK)
 
-    def never_gathers(seqs: int, blocks: int, ladder: tuple[int, ...] | None = None) -> Bucket:
-        b = real.decode_bucket(seqs, blocks, ladder)
+    def never_gathers(seqs: int, blocks: int) -> Bucket:
+        b = real.decode_bucket(seqs, blocks)
         return Bucket(BATCHED, (*b.key[:2], False, True)) if b.kernel == BATCHED else b
 
     [d] = probe_builder(builder_with(CHECK, decode_bucket=never_gathers), CHECK)
@@ -131,6 +132,7 @@ def test_rungs_warmup_lacks_alone_are_not_flagged() -> None:
 
 
 def test_strict_mode_raises_at_attach() -> None:
-    config, seams = CATALOG["builder-own-ladder"].apply(CHECK)
-    with pytest.raises(InvariantViolation, match="ladder-divergence"):
+    fault = CATALOG["builder-own-ladder"]
+    config, seams = fault.apply(CHECK)
+    with fault.active(), pytest.raises(InvariantViolation, match="ladder-divergence"):
         LadderAgreement(strict=True).attach(Engine(config, seams))

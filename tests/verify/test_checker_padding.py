@@ -10,6 +10,7 @@ from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import BlockTableEvent, KVWriteEvent
 from runtime.seams import Seams
+from spyre_verify import faults
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.faults import CATALOG
 from spyre_verify.session import verify
@@ -122,7 +123,8 @@ def test_strict_mode_raises_on_the_first_violation() -> None:
 def run(fault: str | None) -> tuple[PaddingValidity, str | None]:
     config, seams = CATALOG[fault].apply(TINY) if fault else (TINY, Seams())
     c = PaddingValidity()
-    return c, verify(config, seams, JOIN, [c], controls=False, coverage=False).error
+    with faults.active(fault):
+        return c, verify(config, seams, JOIN, [c], controls=False, coverage=False).error
 
 
 def test_live_block_padding_fault_names_block_and_owner() -> None:

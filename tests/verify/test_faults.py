@@ -1,12 +1,14 @@
-"""The fault catalog: every historical bug, the seam or knob that replays it, and the
-checker that must catch it. The kill table itself runs in test_controls_cli."""
+"""The fault catalog: every historical bug, the patch, seam or knob that replays it, and
+the checker that must catch it. The kill table itself runs in test_controls_cli."""
 
 from __future__ import annotations
 
 import contextlib
 
 import pytest
+import torch
 
+from runtime import attention
 from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
@@ -42,18 +44,26 @@ def test_catalog_holds_every_required_fault_with_its_checker() -> None:
 @pytest.mark.parametrize("name", sorted(CATALOG))
 def test_every_fault_changes_the_runtime_and_leaves_the_input_config_alone(name: str) -> None:
     before = CHECK.with_()
-    config, seams = CATALOG[name].apply(CHECK)
+    fault = CATALOG[name]
+    config, seams = fault.apply(CHECK)
     assert before == CHECK
-    assert (config, seams) != (CHECK, Seams())
+    assert (config, seams) != (CHECK, Seams()) or fault.patch is not None
 
 
-def test_seams_replay_the_historical_bugs() -> None:
-    assert CATALOG["live-block-padding"].apply(CHECK)[1].padding_block not in (NULL_BLOCK, None)
-    assert CATALOG["out-of-pool-padding"].apply(CHECK)[1].padding_block == CHECK.total_blocks
+def test_seams_and_patches_replay_the_historical_bugs() -> None:
+    builder = MetadataBuilder(SpyreAttnBucketer(CHECK))
+    with CATALOG["live-block-padding"].active():
+        assert builder.padding_block not in (NULL_BLOCK, None)
+    with CATALOG["out-of-pool-padding"].active():
+        assert builder.padding_block == CHECK.total_blocks
+    assert builder.padding_block == NULL_BLOCK, "restored on exit"
     assert BATCHED not in CATALOG["lazy-batched-kernel"].apply(CHECK)[1].warmup_kernels
-    config, seams = CATALOG["builder-own-ladder"].apply(CHECK)
-    assert seams.builder_kv_ladder != SpyreAttnBucketer(config).kv_blocks
     assert CATALOG["dynamic-shapes"].apply(CHECK)[0].compile_dynamic is None
+    q = k = torch.zeros(2, 1, 1)
+    v = torch.tensor([[[1.0]], [[0.0]]])  # only the left-padding position holds a value: a mask hides it
+    with CATALOG["mask-leak"].active():
+        leaky = attention.make_prefill()(q, k, v, torch.tensor([1]))
+    assert leaky[1].item() != 0 and attention.make_prefill()(q, k, v, torch.tensor([1]))[1].item() == 0
 
 
 def test_builder_own_ladder_keeps_an_explicit_override() -> None:
@@ -85,8 +95,9 @@ def test_over_pruned_on_a_single_bucket_plan_drops_it_and_an_empty_plan_is_left_
     assert warm_plan(SpyreAttnBucketer(config), seams) == []
 
 
-def test_inline_builder_ladder_patches_the_builders_rounding_only_while_active() -> None:
-    fault = CATALOG["inline-builder-ladder"]
+@pytest.mark.parametrize("name", ["builder-own-ladder", "inline-builder-ladder"])
+def test_builder_ladder_faults_patch_the_builders_rounding_only_while_active(name: str) -> None:
+    fault = CATALOG[name]
     config, seams = fault.apply(CHECK)
     assert config.kv_buckets == (12, 16) and seams == Seams(), "a sparse override, and no seam"
     builder = MetadataBuilder(SpyreAttnBucketer(config))
@@ -98,7 +109,7 @@ def test_inline_builder_ladder_patches_the_builders_rounding_only_while_active()
         two = builder.build_decode([row, SeqState("b", (2,), 2, 0)], 2)
         assert two.bucket == Bucket(BATCHED, (2, 1, False, True))
     assert builder.build_decode([row], 2).bucket == Bucket(DECODE, (3,)), "restored on exit"
-    assert isinstance(CATALOG["builder-own-ladder"].active(), contextlib.nullcontext)  # a seam fault patches nothing
+    assert isinstance(CATALOG["unpruned-warmup"].active(), contextlib.nullcontext)  # a seam fault patches nothing
 
 
 def test_unknown_fault_is_a_value_error_listing_the_catalog() -> None:

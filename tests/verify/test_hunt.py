@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,11 +257,18 @@ def test_lockstep_names_the_step_and_rule_of_a_missed_strip(monkeypatch: pytest.
 
 
 # -- config acceptance -------------------------------------------------------------------------------
+def pool_minimum(check: Callable[[Any, RuntimeConfig], object]) -> tuple[runtime.config.Rule, ...]:
+    """The runtime's validation rules with the pool-minimum rule (num_blocks' last) checked by `check`."""
+    rules = runtime.config.RULES
+    i = max(i for i, (field, _, _) in enumerate(rules) if field == "num_blocks")
+    return (*rules[:i], (rules[i][0], check, rules[i][2]), *rules[i + 1 :])
+
+
 def test_config_acceptance_is_checked_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     small = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}
     assert hunt.check_config({**small, "num_blocks": 5}, {}) == []  # exactly the minimum
     assert hunt.check_config({**small, "num_blocks": 4}, {}) == []  # rejected by both
-    monkeypatch.setattr(runtime.config, "_validate_pool", lambda c: None)
+    monkeypatch.setattr(runtime.config, "RULES", pool_minimum(lambda v, c: True))
     [f] = hunt.check_config({**small, "num_blocks": 4}, {})
     assert f.kind == "config-acceptance" and "the runtime accepts a config DESIGN rejects: num_blocks=4" in f.message
     assert str(f.reproducer()).startswith("python -c ") and "num_blocks" in str(f.pytest_line())
@@ -273,13 +281,8 @@ def test_config_reading_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_config_hunt_finds_and_shrinks_an_off_by_one_pool_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runtime.config._validate_pool
-
-    def one_short(c: RuntimeConfig) -> None:  # the minimum checked as max_blocks_per_seq, not + 1
-        if c.num_blocks != c.max_blocks_per_seq:
-            real(c)
-
-    monkeypatch.setattr(runtime.config, "_validate_pool", one_short)
+    # The minimum checked as max_blocks_per_seq, not + 1.
+    monkeypatch.setattr(runtime.config, "RULES", pool_minimum(lambda v, c: v >= c.max_blocks_per_seq))
     [f] = hunt_findings("config", 300)
     assert f["kind"] == "config-acceptance" and "cannot hold one max_model_len request" in f["message"]
     assert f["kwargs"]["num_blocks"] == -(-f["kwargs"]["max_model_len"] // f["kwargs"]["block_size"])
@@ -312,14 +315,8 @@ def test_traces_reach_padded_rows_and_pools_at_their_boundary_within_300_example
 
 
 def test_a_valid_config_refused_while_drawing_a_case_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runtime.config._validate_pool
-
-    def one_over(c: RuntimeConfig) -> None:  # refuses the legal minimum pool
-        if c.num_blocks == c.max_blocks_per_seq + 1:
-            raise runtime.config.ConfigError(f"num_blocks={c.num_blocks}: too small")
-        real(c)
-
-    monkeypatch.setattr(runtime.config, "_validate_pool", one_over)
+    # Refuses the legal minimum pool.
+    monkeypatch.setattr(runtime.config, "RULES", pool_minimum(lambda v, c: v > c.max_blocks_per_seq + 1))
     [f] = hunt_findings("ladders", 100)
     assert f["kind"] == "runtime-error" and f["config"] is None and f["reproducer"] is None
     assert "ConfigError at runtime/config.py" in f["message"] and "drawing RuntimeConfig.from_env(" in f["message"]

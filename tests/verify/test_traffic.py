@@ -9,47 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.block_pool import BlockPool
 from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine, StepResult
-from runtime.metadata import MetadataBuilder
-from runtime.scheduler import Scheduler
+from runtime.engine import Engine
 from spyre_verify.oracle.walk import Action, reachable
+from spyre_verify.sim import Sim
 from spyre_verify.traffic import PlanError, Scenario, arrivals, coverage_scenarios, drive, run_scenario, step_limit
 from spyre_verify.workload import Arrival
 
 DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
-
-
-class TensorFree:
-    """The runtime's scheduler and builder stepped without a model: a fast stand-in for
-    Engine.step, used only here to hold the walk's witnesses against the runtime."""
-
-    def __init__(self, config: RuntimeConfig) -> None:
-        self.scheduler = Scheduler(config, BlockPool(config.total_blocks))
-        self.builder = MetadataBuilder(SpyreAttnBucketer(config))
-        self.steps = 0
-
-    def add_request(self, prompt: list[int], max_tokens: int) -> str:
-        return self.scheduler.add(prompt, max_tokens)
-
-    def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
-
-    def step(self) -> StepResult:
-        sched, self.steps = self.scheduler, self.steps + 1
-        adm = sched.next_admission()
-        if adm is not None:
-            req = sched.admit(adm)
-            bucket = self.builder.build_prefill(req.seq_state(), sched.tkv).bucket
-            sched.record_prefill(req, 0)
-            return StepResult("prefill", bucket, ())
-        sched.grow_for_decode()
-        bucket = self.builder.build_decode(sched.seq_states(), sched.tkv).bucket
-        sched.record_decode([0] * len(sched.running))
-        return StepResult("decode", bucket, ())
 
 
 @st.composite
@@ -103,7 +72,7 @@ def test_decodes_add_no_arrival_and_prompts_differ_between_joins() -> None:
 @given(configs())
 def test_every_witness_dispatches_its_bucket_on_the_runtime(config: RuntimeConfig) -> None:
     for s in coverage_scenarios(config):
-        seen = drive(TensorFree(config), s.arrivals, step_limit(config))
+        seen = drive(Sim(config), s.arrivals, step_limit(config))
         assert seen[len(s.path) - 1] == s.target, (s.witness, seen)
 
 
@@ -116,9 +85,9 @@ def test_every_witness_dispatches_its_bucket_on_a_real_engine() -> None:
 
 def test_drive_refuses_an_idle_engine_with_arrivals_pending_and_a_scenario_that_never_ends() -> None:
     with pytest.raises(PlanError, match="engine idle at step 0 with 1 arrivals pending"):
-        drive(TensorFree(TINY), (Arrival(5, (1,), 1),), 64)
+        drive(Sim(TINY), (Arrival(5, (1,), 1),), 64)
     with pytest.raises(PlanError, match="still busy after 3 steps"):
-        drive(TensorFree(TINY), (Arrival(0, (1,), 4),), 3)
+        drive(Sim(TINY), (Arrival(0, (1,), 4),), 3)
 
 
 def test_a_runtime_that_never_batches_is_a_finding_naming_the_target(monkeypatch: pytest.MonkeyPatch) -> None:

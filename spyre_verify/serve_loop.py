@@ -1,0 +1,156 @@
+"""The one arrival-and-serve loop: submit each arrival before its step, step until drained.
+
+`check` (`session.serve`), `soak`, coverage traffic (`traffic.drive`, for `check` and
+`audit`) and the benchmarks all serve through `serve`, so they share one idle rule: an
+engine with nothing to do while arrivals are still to come skips ahead to the next
+arrival, keeping the gaps between the later ones. It drives anything with the engine's
+serving face: `runtime.engine.Engine`, the tensor-free `spyre_verify.sim.Sim`, or the
+benchmark's engines in lockstep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from runtime.errors import RequestError
+from spyre_verify.workload import Arrival
+
+DRAINED, DEADLINE, MAX_STEPS, IDLE, STALL = None, "deadline", "max_steps", "idle", "stall"
+
+
+class Servable(Protocol):
+    """What `serve` needs of an engine."""
+
+    @property
+    def steps(self) -> int: ...
+
+    def add_request(self, prompt_token_ids: object, max_tokens: object) -> str: ...
+
+    def step(self) -> Any: ...
+
+    def has_work(self) -> bool: ...
+
+
+class Feed:
+    """Arrivals in step order, looked at one ahead; resumable across `serve` calls.
+
+    Arrival step `s` is due before engine step `offset + s`. An idle skip-ahead moves
+    the offset, so the arrivals after the next keep their gaps. The arrivals may be an
+    endless iterator.
+    """
+
+    def __init__(self, arrivals: Iterable[Arrival], offset: int = 0) -> None:
+        self._rest = iter(arrivals)
+        self.head: Arrival | None = next(self._rest, None)
+        self.offset = offset
+
+    def due(self, now: int) -> Arrival | None:
+        """Take the next arrival if it is due before engine step `now`."""
+        head = self.head
+        if head is None or head.step + self.offset > now:
+            return None
+        self.head = next(self._rest, None)
+        return head
+
+    def skip_to(self, now: int) -> None:
+        """Make the next arrival due at `now`, keeping the gaps between it and the later ones."""
+        if self.head is not None:
+            self.offset = now - self.head.step
+
+
+@dataclass
+class ServeStats:
+    submitted: int = 0  # arrivals handed to add_request
+    accepted: int = 0
+    rejected: int = 0
+    steps: int = 0  # steps served
+    # Why it stopped before every arrival was served and the engine drained: DEADLINE,
+    # MAX_STEPS, IDLE (with skip_idle=False) or STALL (a step that did not advance); None: drained.
+    stopped: str | None = DRAINED
+
+
+Rejected = Callable[[Arrival, RequestError], None]
+
+
+def serve(
+    engine: Servable,
+    arrivals: Iterable[Arrival] | Feed,
+    *,
+    on_rejected: Rejected | None = None,
+    on_step: Callable[[Any, ServeStats], None] | None = None,
+    deadline: float | None = None,
+    max_steps: int | None = None,
+    skip_idle: bool = True,
+    stats: ServeStats | None = None,
+) -> ServeStats:
+    """Submit every arrival before its step and step `engine` until it is drained.
+
+    Plain `arrivals` count their steps from the engine's step count now; pass a `Feed`
+    to resume a stream across calls. A request `add_request` refuses goes to
+    `on_rejected`; without one the `RequestError` propagates. `on_step(result, stats)`
+    follows every step. It stops early, naming why in `stats.stopped`: past `deadline`
+    (a `time.monotonic()` value; nothing more is submitted or stepped), after
+    `max_steps` steps with work left, or, with `skip_idle=False`, when the engine idles
+    while arrivals are still to come. Counts go into `stats` when given, so a caller
+    keeps them when a step raises.
+    """
+    feed = arrivals if isinstance(arrivals, Feed) else Feed(arrivals, engine.steps)
+    stats = stats if stats is not None else ServeStats()
+    while True:
+        if deadline is not None and time.monotonic() > deadline:
+            stats.stopped = DEADLINE
+            return stats
+        while (a := feed.due(engine.steps)) is not None:
+            _submit(engine, a, stats, on_rejected)
+        if not engine.has_work():
+            if feed.head is None:
+                stats.stopped = DRAINED
+                return stats
+            if not skip_idle:
+                stats.stopped = IDLE
+                return stats
+            feed.skip_to(engine.steps)
+            continue
+        if max_steps is not None and stats.steps >= max_steps:
+            stats.stopped = MAX_STEPS
+            return stats
+        before = engine.steps
+        result = engine.step()
+        if engine.steps == before:  # work left but nothing it can do: never spin
+            stats.stopped = STALL
+            return stats
+        stats.steps += 1
+        if on_step is not None:
+            on_step(result, stats)
+
+
+def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Rejected | None) -> None:
+    stats.submitted += 1
+    try:
+        engine.add_request(list(a.prompt), a.max_tokens)
+    except RequestError as e:
+        stats.rejected += 1
+        if on_rejected is None:
+            raise
+        on_rejected(a, e)
+        return
+    stats.accepted += 1
+
+
+def ignore(arrival: Arrival, error: RequestError) -> None:
+    """An `on_rejected` for callers that only count refusals."""
+
+
+def judged_by(observers: Sequence[Any]) -> Rejected:
+    """An `on_rejected` that shows every refusal to each observer with an `on_rejected`
+    method (the contract model judges whether DESIGN refuses it too)."""
+    judges = [o for o in observers if hasattr(o, "on_rejected")]
+
+    def judge(a: Arrival, e: RequestError) -> None:
+        for j in judges:
+            j.on_rejected(a.prompt, a.max_tokens, str(e))
+
+    return judge

@@ -1,0 +1,169 @@
+"""A public Hypothesis state machine over the block pool and the scheduler, built from a factory.
+
+Like zarr's `zarr.testing.stateful`: every rule is applied to the real system (a
+scheduler, driven through its own `schedule` / `postprocess` with stand-in tokens by
+`spyre_verify.sim.Sim`) and to a simple model (`spyre_verify.oracle.model.ContractModel`,
+DESIGN's scheduling rules written independently), each rule is one atomic event, and
+every invariant is checked after every rule. Aim it at your own scheduler::
+
+    from spyre_verify.stateful import SchedulerMachine
+    from my_runtime import MyScheduler  # Scheduler(config, pool, builder) or alike
+
+    TestMyScheduler = SchedulerMachine.for_factory(MyScheduler).TestCase
+
+or, in pytest, `run_state_machine_as_test(SchedulerMachine.for_factory(MyScheduler), settings=...)`.
+
+Rules: `add` (a request that fits: it must be accepted), `refuse` (one DESIGN refuses
+at `add_request`: it must be refused and change nothing), `step` (one engine step).
+Invariants: the pool's blocks and reservations are the running rows' and nobody
+else's; the null block is never allocated; tkv, left padding, blocks, reservations,
+admissions and finishes equal the model's (`ContractModel.diff`); the rows follow
+DESIGN's geometry; every dispatch is keyed as the oracle derives and in the warm set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from runtime.block_pool import NULL_BLOCK
+from runtime.bucketer import PREFILL, Bucket
+from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from runtime.scheduler import Scheduler, StepPlan
+from runtime.warmup import warm_plan
+from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
+from spyre_verify.oracle.model import ContractModel
+from spyre_verify.sim import SchedulerFactory, Sim, row_states
+from spyre_verify.strategies import configs, draw_refused, longest_prompt, requests
+
+# Small configs: short sequences and narrow batches reach joins, shifts, strips and a full pool fast.
+CONFIGS = configs(block_sizes=(1, 2, 4, 8), max_model_len=(2, 32), max_num_seqs=(1, 4))
+
+
+@st.composite
+def refused_requests(draw: st.DrawFn, config: RuntimeConfig) -> tuple[int, int]:
+    """(prompt length, max_tokens) just outside what DESIGN admits at `add_request`."""
+    return draw_refused(draw, config)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """The stock `Scheduler` against the contract model; `for_factory` aims it at another."""
+
+    factory: ClassVar[SchedulerFactory] = Scheduler
+    config_strategy: ClassVar[st.SearchStrategy[RuntimeConfig]] = CONFIGS
+
+    @classmethod
+    def for_factory(
+        cls, factory: SchedulerFactory, config_strategy: st.SearchStrategy[RuntimeConfig] | None = None
+    ) -> type[SchedulerMachine]:
+        """A machine whose system under test is `factory(config, pool, builder)`, on configs
+        drawn from `config_strategy` (default: small ones)."""
+        attrs: dict[str, Any] = {"factory": factory}
+        if config_strategy is not None:
+            attrs["config_strategy"] = config_strategy
+        name = getattr(factory, "__name__", type(factory).__name__)
+        return type(f"{cls.__name__}[{name}]", (cls,), attrs)
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        machine = type(self)  # class attributes: a plain function stays unbound
+        self.config = data.draw(machine.config_strategy, label="config")
+        note(f"config: {self.config}")
+        self.sim = Sim(self.config, make=machine.factory)
+        self.sched, self.pool = self.sim.scheduler, self.sim.pool
+        self.model = ContractModel(self.config)
+        self.warm = frozenset(warm_plan(self.sim.builder.bucketer))
+        self.lad: Ladders = ladders(self.config)
+        self.plan: StepPlan | None = None  # the last step's
+        self.last: tuple[str, str | None, tuple[str, ...]] = ("idle", None, ())  # kind, admitted, finished
+
+    # -- rules --------------------------------------------------------------------------------
+    def _submit(self, prompt_len: int, max_tokens: int) -> None:
+        """Add one request to both; the scheduler must accept it exactly when DESIGN does."""
+        reason = self.model.reject_reason(prompt_len, max_tokens)
+        before = self.sched.snapshot()
+        try:
+            rid = self.sched.add([1] * prompt_len, max_tokens)
+        except RequestError as e:
+            note(f"add({prompt_len}, {max_tokens}) refused: {e}")
+            assert reason is not None, f"refused a request DESIGN accepts: {e}"
+            assert self.sched.snapshot() == before, "a refused request changed the scheduler"
+            return
+        note(f"add({prompt_len}, {max_tokens}) -> {rid}")
+        assert reason is None, f"accepted {rid}, but DESIGN refuses it: {reason}"
+        self.model.add(rid, prompt_len, max_tokens)
+
+    def _fits(self) -> bool:
+        return longest_prompt(self.config) >= 1
+
+    @precondition(_fits)
+    @rule(data=st.data())
+    def add(self, data: st.DataObject) -> None:
+        self._submit(*data.draw(requests(self.config), label="request"))
+
+    @rule(data=st.data())
+    def refuse(self, data: st.DataObject) -> None:
+        self._submit(*data.draw(refused_requests(self.config), label="refused request"))
+
+    @rule()
+    def step(self) -> None:
+        """One step on both: the scheduler's plan (or idle) and the model's."""
+        self.plan = plan = self.sim.step()
+        expected = self.model.step()
+        finished = tuple(r.request_id for r in self.sim.finished)
+        if plan is None:
+            self.last = ("idle", None, ())
+        else:
+            self.last = (plan.kind, plan.admission.request_id if plan.admission else None, finished)
+        note(f"step -> {plan.bucket if plan else 'idle'}, tkv {self.sched.tkv}, finished {finished}; model {expected}")
+
+    # -- invariants -----------------------------------------------------------------------------
+    @invariant()
+    def blocks_belong_to_running_rows(self) -> None:
+        rows = [(r.request_id, b) for r in self.sched.running for b in r.blocks]
+        assert len({b for _, b in rows}) == len(rows), "a block sits in two rows"
+        assert self.pool.allocated() == dict((b, rid) for rid, b in rows), "allocated blocks != the rows' blocks"
+        running = {r.request_id for r in self.sched.running}
+        promised = dict(self.pool.snapshot()[2])
+        assert set(promised) <= running, f"reservations held by requests not running: {promised}"
+        held = len(rows) + sum(promised.values())
+        assert self.pool.num_free + held == self.pool.usable, "blocks leaked: free + held + promised != usable"
+
+    @invariant()
+    def null_block_never_allocated(self) -> None:
+        assert NULL_BLOCK not in self.pool.allocated()
+
+    @invariant()
+    def conforms_to_the_contract_model(self) -> None:
+        kind, admitted, finished = self.last
+        waiting = [r.request_id for r in self.sched.waiting]
+        rows, tkv = row_states(self.sched), self.sched.tkv
+        diffs = self.model.diff(rows, tkv, kind, admitted, finished, waiting, self.pool.num_free)
+        assert not diffs, f"the scheduler leaves the contract: {diffs}"
+
+    @invariant()
+    def rows_follow_the_geometry(self) -> None:
+        bs, tkv = self.config.block_size, self.sched.tkv
+        for r in self.sched.running:
+            assert r.left_pad + r.num_cached == tkv, f"{r.request_id} does not end at tkv {tkv}"
+            assert len(r.blocks) == math.ceil(tkv / bs) - r.left_pad // bs, f"{r.request_id} has the wrong blocks"
+        pads = [r.left_pad // bs for r in self.sched.running]
+        assert not pads or min(pads) == 0, "every row still has a whole padding block: strip missed"
+        assert pads or tkv == 0, "an empty batch is at tkv 0"
+
+    @invariant()
+    def dispatch_is_keyed_by_the_oracle_and_warm(self) -> None:
+        plan = self.plan
+        if plan is None:
+            return
+        tkv = plan.metadata.tkv
+        want: Bucket | None = (
+            prefill_key(self.lad, tkv) if plan.kind == PREFILL else decode_key(self.lad, len(plan.rows), tkv)
+        )
+        assert plan.bucket == want, f"dispatched {plan.bucket}, the oracle keys this batch {want}"
+        assert plan.bucket in self.warm, f"dispatched {plan.bucket}, which warmup never records"
