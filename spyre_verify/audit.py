@@ -19,7 +19,7 @@ import logging
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,11 +30,11 @@ from runtime.engine import Engine
 from runtime.events import CallEvent, CompileEvent, DispatchEvent, GraphHitEvent
 from runtime.seams import Seams
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
+from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders
 from spyre_verify.oracle.walk import reachable as walk_reachable
 from spyre_verify.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
 
-Progress = Callable[[str], None]
 WARMUP, PREFLIGHT, TRAFFIC, REPLAY, CONTROLS = "warmup", "preflight", "traffic", "replay", "controls"
 
 

@@ -13,7 +13,6 @@ warmup size: 3), `bench_overhead` (checker overhead on those engines: 1, 1b),
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 
 from runtime.config import ModelDims, RuntimeConfig
 from spyre_verify.defaults import CHECK_DEFAULTS
+from spyre_verify.messages import Progress
 
 FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6")
 
@@ -117,9 +117,6 @@ class Plan:
     backend: str
     repeats: int
     only: tuple[str, ...] = FIGURES
-
-
-Progress = Callable[[str], None]
 
 
 def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from spyre_verify.audit_report import markdown, payload
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
 from spyre_verify.errors import UsageError
+from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 
 # Small enough that the audit takes seconds with aot_eager and a few minutes with inductor on CPU.
@@ -44,10 +44,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
-
-
-def say(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
 
 
 def pick_device(choice: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
 from spyre_verify.bench import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing, run_figures
 from spyre_verify.errors import UsageError
+from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
 
 
@@ -37,10 +38,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--only", default=None, help=argparse.SUPPRESS)
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=run)
-
-
-def say(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from spyre_verify import faults
@@ -14,6 +13,7 @@ from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.controls import kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
 from spyre_verify.errors import UsageError
+from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
 from spyre_verify.session import verify
 from spyre_verify.workload import seeded_workload
@@ -29,10 +29,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
-
-
-def say(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from spyre_verify import faults
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.controls import run_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.messages import say
 from spyre_verify.report import SCHEMA_VERSION, table
 from spyre_verify.workload import seeded_workload
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         faults.get(name)
     single_thread()
     work = seeded_workload(config, args.requests, args.seed)
-    clean, rows = run_catalog(config, work, args.fault, lambda m: print(f"[spyre-verify] {m}", file=sys.stderr))
+    clean, rows = run_catalog(config, work, args.fault, say)
     quiet = clean.ok
     ok = quiet and all(r.caught for r in rows)
     if args.json:

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from spyre_verify import faults
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt import PROPERTIES
 from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_workers
+from spyre_verify.messages import say
 from spyre_verify.profiles import ENV, HUNT, get_settings
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
 
@@ -47,10 +47,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
-
-
-def say(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str]:

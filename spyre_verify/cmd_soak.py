@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from spyre_verify import faults
 from spyre_verify.cli_config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
 from spyre_verify.errors import UsageError
+from spyre_verify.messages import say
 from spyre_verify.report import (
     DEFAULT_DIR,
     SCHEMA_VERSION,
@@ -68,10 +68,6 @@ def options(args: argparse.Namespace) -> SoakOptions:
     if args.fault is not None:
         faults.get(args.fault)
     return SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
-
-
-def say(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

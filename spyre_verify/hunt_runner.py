@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,9 +17,10 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from spyre_verify.hunt import PROPERTIES
 from spyre_verify.hunt_findings import Finding, crash, from_runtime
+from spyre_verify.messages import Progress, say
 from spyre_verify.profiles import get_settings
 
-Say = Callable[[str], None]
+Say = Progress
 
 
 @dataclass(frozen=True)
@@ -153,12 +152,8 @@ def run_hunt(plan: HuntPlan, say: Say | None = None) -> list[PropertyRun]:
     return [run_property(name, plan, say) for name in plan.properties]
 
 
-def _say_stderr(msg: str) -> None:
-    print(f"[spyre-verify] {msg}", file=sys.stderr, flush=True)
-
-
 def _worker(plan: HuntPlan) -> list[PropertyRun]:
-    return run_hunt(plan, _say_stderr)
+    return run_hunt(plan, say)
 
 
 def run_workers(plan: HuntPlan, workers: int, say: Say | None = None) -> list[list[PropertyRun]]:

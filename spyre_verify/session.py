@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +24,11 @@ from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import ServeStats, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, boundary_arrivals, seeded_workload
-
-Progress = Callable[[str], None]
 
 
 def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]:
