@@ -19,7 +19,6 @@ from runtime.events import (
     EventBus,
     KVWriteEvent,
     RequestEvent,
-    RowState,
     StateEvent,
     StepEvent,
 )
@@ -127,15 +126,11 @@ class Engine:
         return StepResult(kind, bucket, finished)
 
     def _state(self, kind: str, admitted: str | None, finished: tuple[str, ...]) -> StateEvent:
-        sched, pool = self.scheduler, self.pool
-        rows = tuple(
-            RowState(
-                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), pool.reserved(r.request_id)
-            )
-            for r in sched.running
-        )
+        sched = self.scheduler
         waiting = tuple(r.request_id for r in sched.waiting)
-        return StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, pool.num_free)
+        return StateEvent(
+            self.steps, kind, admitted, sched.tkv, sched.row_states(), waiting, finished, self.pool.num_free
+        )
 
     # -- model passes ---------------------------------------------------------------------------
     def _run_prefill(self, plan: StepPlan) -> list[int]:

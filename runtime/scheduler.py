@@ -19,6 +19,7 @@ from runtime.block_pool import BlockPool
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
+from runtime.events import RowState
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
 
 
@@ -215,6 +216,15 @@ class Scheduler:
 
     def seq_states(self) -> list[SeqState]:
         return [r.seq_state() for r in self.running]
+
+    def row_states(self) -> tuple[RowState, ...]:
+        """The running rows as the engine's state event reports them."""
+        return tuple(
+            RowState(
+                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), self.pool.reserved(r.request_id)
+            )
+            for r in self.running
+        )
 
     # -- completion -------------------------------------------------------------------------
     def _settle(self) -> list[Request]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
-from runtime.events import RowState
 from runtime.scheduler import Scheduler
 from spyre_verify.hunt_findings import Finding
 from spyre_verify.oracle.model import ContractModel
@@ -53,15 +52,8 @@ class Lockstep:
         kind = point.kind if point is not None else "idle"
         admitted = point.seqs[0].request_id if point is not None and point.kind == "prefill" else None
         finished = point.finished if point is not None else ()
-        pool = sched.pool
-        rows = tuple(
-            RowState(
-                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), pool.reserved(r.request_id)
-            )
-            for r in sched.running
-        )
         waiting = tuple(r.request_id for r in sched.waiting)
-        diffs = m.diff(rows, sched.tkv, kind, admitted, finished, waiting, pool.num_free)
+        diffs = m.diff(sched.row_states(), sched.tkv, kind, admitted, finished, waiting, sched.pool.num_free)
         if diffs:
             rule, message = diffs[0]
             self.first = ("stall" if rule == "stall" else "divergence", f"step {step}: rule {rule!r}: {message}", point)

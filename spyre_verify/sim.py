@@ -15,7 +15,6 @@ from collections.abc import Callable
 from runtime.block_pool import BlockPool
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.events import RowState
 from runtime.metadata import MetadataBuilder
 from runtime.scheduler import Request, Scheduler, StepPlan
 
@@ -61,12 +60,3 @@ class Sim:
         self.finished = self.scheduler.postprocess(stand_ins(plan))
         self.steps += 1
         return plan
-
-
-def row_states(sched: Scheduler) -> tuple[RowState, ...]:
-    """The running rows as the engine's state event reports them (what a contract model compares)."""
-    pool = sched.pool
-    return tuple(
-        RowState(r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), pool.reserved(r.request_id))
-        for r in sched.running
-    )

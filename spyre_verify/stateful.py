@@ -38,7 +38,7 @@ from runtime.scheduler import Scheduler, StepPlan
 from runtime.warmup import warm_plan
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.sim import SchedulerFactory, Sim, row_states
+from spyre_verify.sim import SchedulerFactory, Sim
 from spyre_verify.strategies import configs, draw_refused, longest_prompt, requests
 
 # Small configs: short sequences and narrow batches reach joins, shifts, strips and a full pool fast.
@@ -142,7 +142,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def conforms_to_the_contract_model(self) -> None:
         kind, admitted, finished = self.last
         waiting = [r.request_id for r in self.sched.waiting]
-        rows, tkv = row_states(self.sched), self.sched.tkv
+        rows, tkv = self.sched.row_states(), self.sched.tkv
         diffs = self.model.diff(rows, tkv, kind, admitted, finished, waiting, self.pool.num_free)
         assert not diffs, f"the scheduler leaves the contract: {diffs}"
 
