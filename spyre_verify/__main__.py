@@ -2,6 +2,6 @@
 
 import sys
 
-from spyre_verify.cli import main
+from spyre_verify.cli.main import main
 
 sys.exit(main())

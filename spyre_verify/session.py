@@ -24,10 +24,10 @@ from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import ServeStats, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, boundary_arrivals, seeded_workload
 
 

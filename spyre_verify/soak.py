@@ -23,10 +23,10 @@ from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
 from spyre_verify.session import always_on
-from spyre_verify.violations import Checker, InvariantViolation, Violation
 from spyre_verify.workload import Arrival, seeded_workload
 
 # seeded_workload's gaps average ~2.6 steps, faster than this config serves (~4 steps a

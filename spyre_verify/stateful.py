@@ -36,10 +36,10 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.warmup import warm_plan
+from spyre_verify.hunt.strategies import configs, draw_refused, longest_prompt, requests
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.sim import SchedulerFactory, Sim
-from spyre_verify.strategies import configs, draw_refused, longest_prompt, requests
 
 # Small configs: short sequences and narrow batches reach joins, shifts, strips and a full pool fast.
 CONFIGS = configs(block_sizes=(1, 2, 4, 8), max_model_len=(2, 32), max_num_seqs=(1, 4))

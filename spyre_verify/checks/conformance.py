@@ -17,8 +17,8 @@ from collections import Counter
 from typing import Any
 
 from runtime.events import RequestEvent, StateEvent
+from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.violations import Checker
 
 
 class ContractConformance(Checker):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.events import DispatchEvent
-from spyre_verify.violations import Checker
+from spyre_verify.checks.violations import Checker
 
 
 def first_line(e: BaseException) -> str:

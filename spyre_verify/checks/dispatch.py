@@ -7,8 +7,8 @@ from typing import Any
 
 from runtime.bucketer import Bucket
 from runtime.events import SERVING, DispatchEvent
+from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.walk import reachable
-from spyre_verify.violations import Checker
 
 
 def _around(value: int, same: list[int]) -> str:

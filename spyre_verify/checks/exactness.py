@@ -14,8 +14,8 @@ from typing import Any
 
 from runtime.bucketer import Bucket
 from runtime.events import SERVING, CompileEvent
+from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.walk import STATE_BUDGET, reachable
-from spyre_verify.violations import Checker
 
 
 class WarmupExactness(Checker):

@@ -29,7 +29,7 @@ from runtime.compiler import BackendWrapper
 from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.control_calls import Control, control_calls, control_scope, in_control
 from spyre_verify.checks.counting import CountingBackend, compare
-from spyre_verify.violations import Checker, InvariantViolation
+from spyre_verify.checks.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
 

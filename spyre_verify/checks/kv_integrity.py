@@ -15,7 +15,7 @@ import torch
 
 from runtime.block_pool import NULL_BLOCK
 from runtime.events import DispatchEvent, KVWriteEvent, StepEvent
-from spyre_verify.violations import Checker
+from spyre_verify.checks.violations import Checker
 
 
 class KVIntegrity:

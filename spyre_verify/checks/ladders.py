@@ -21,8 +21,8 @@ from runtime.bucketer import BATCHED, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, CompileEvent
 from runtime.metadata import MetadataBuilder, SeqState
+from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import Ladders, ceil_div, decode_key, kv_dim, ladders, prefill_key
-from spyre_verify.violations import Checker
 
 # ("decode", rows, tkv) or ("prefill", tkv, 0), as in `spyre_verify.oracle.walk`.
 Shape = tuple[str, int, int]

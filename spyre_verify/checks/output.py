@@ -23,7 +23,7 @@ import torch
 
 from runtime.events import DispatchEvent, RequestEvent, StepEvent
 from runtime.reference import generate
-from spyre_verify.violations import Checker
+from spyre_verify.checks.violations import Checker
 
 
 class OutputEquivalence(Checker):

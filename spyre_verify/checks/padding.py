@@ -11,8 +11,8 @@ from typing import Any
 from runtime.block_pool import NULL_BLOCK
 from runtime.events import BlockTableEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
-from spyre_verify.padding_rules import block_table_problems
-from spyre_verify.violations import Checker, InvariantViolation
+from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.checks.violations import Checker, InvariantViolation
 
 
 class PaddingValidity(Checker):

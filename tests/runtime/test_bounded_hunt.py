@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from spyre_verify.hunt import PROPERTIES
-from spyre_verify.hunt_runner import HuntPlan, run_hunt
+from spyre_verify.hunt.properties import PROPERTIES
+from spyre_verify.hunt.runner import HuntPlan, run_hunt
 
 EXAMPLES = 300
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spyre_verify.cli import main
+from spyre_verify.cli.main import main
 
 ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND")
 ACCEPTANCE = ["ladders", "--block-size", "64", "--max-model-len", "2048", "--max-num-seqs", "8"]

@@ -17,10 +17,10 @@ from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from spyre_verify import faults
-from spyre_verify.audit import run_audit
-from spyre_verify.audit_report import markdown, payload
-from spyre_verify.cli import main
-from spyre_verify.cmd_audit import pick_device
+from spyre_verify.audit.report import markdown, payload
+from spyre_verify.audit.run import run_audit
+from spyre_verify.cli.audit import pick_device
+from spyre_verify.cli.main import main
 from spyre_verify.traffic import Scenario, coverage_scenarios
 from spyre_verify.workload import Arrival
 
@@ -232,7 +232,7 @@ def test_cuda_audit_on_the_device(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 
 def test_heatmap_axes_take_the_contract_ladder_and_any_bucket_off_both_ladders() -> None:
-    from spyre_verify.audit_heatmap import panels
+    from spyre_verify.audit.heatmap import panels
 
     row = {"kernel": "decode", "key": [3], "compile_seconds": None, "compile_seconds_after_warmup": 0.5}
     row |= {"own_hits": 0, "status": "missed", "category": "missed"}

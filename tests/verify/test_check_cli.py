@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-import spyre_verify.cmd_check as cmd_check
+import spyre_verify.cli.check as cmd_check
 from spyre_verify import faults
-from spyre_verify.cli import main
+from spyre_verify.cli.main import main
 from spyre_verify.controls import kill_table
 from spyre_verify.report import SCHEMA_VERSION
 

@@ -14,11 +14,11 @@ from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, BatchInfo, DispatchEvent
 from spyre_verify.checks.dispatch import DispatchCoverage, nearest_warm
+from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.oracle.walk import reachable
 from spyre_verify.session import serve
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.violations import InvariantViolation
 from spyre_verify.workload import seeded_workload
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")

@@ -20,9 +20,9 @@ from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEve
 from runtime.seams import Seams
 from spyre_verify.checks.control_calls import Control, control_scope, decode_control, prefill_md, stride_control
 from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.session import verify
-from spyre_verify.violations import InvariantViolation
 from spyre_verify.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")

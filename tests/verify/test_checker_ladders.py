@@ -14,8 +14,8 @@ from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, CompileEvent
 from runtime.metadata import MetadataBuilder
 from spyre_verify.checks.ladders import LadderAgreement, probe_builder, probe_shapes, warm_disagreements
+from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
-from spyre_verify.violations import InvariantViolation
 
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 

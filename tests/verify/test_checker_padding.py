@@ -12,9 +12,9 @@ from runtime.events import BlockTableEvent, KVWriteEvent
 from runtime.seams import Seams
 from spyre_verify import faults
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.session import verify
-from spyre_verify.violations import InvariantViolation
 from spyre_verify.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")  # pool of 5 blocks

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-import spyre_verify.cli
+import spyre_verify.cli.main
 from runtime.errors import ConfigError, PoolExhausted, RequestError
-from spyre_verify import cmd_hunt, cmd_ladders
-from spyre_verify.cli import main
+from spyre_verify.cli import hunt as cmd_hunt
+from spyre_verify.cli import ladders as cmd_ladders
+from spyre_verify.cli.main import main
 from spyre_verify.errors import UsageError
 
 
@@ -120,4 +121,4 @@ def test_bad_flags_are_usage_errors(
 
 
 def test_usage_error_is_importable_from_the_cli_and_is_a_value_error() -> None:
-    assert spyre_verify.cli.UsageError is UsageError and issubclass(UsageError, ValueError)
+    assert spyre_verify.cli.main.UsageError is UsageError and issubclass(UsageError, ValueError)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.cli import main
+from spyre_verify.cli.main import main
 from spyre_verify.faults import CATALOG
 from spyre_verify.report import SCHEMA_VERSION
 

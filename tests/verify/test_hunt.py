@@ -18,14 +18,15 @@ from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Scheduler
 from runtime.warmup import warm_plan
-from spyre_verify import faults, hunt, profiles
-from spyre_verify.cli import main
-from spyre_verify.hunt import check_trace, check_warmup
-from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_hunt, run_workers
+from spyre_verify import faults, profiles
+from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.cli.main import main
+from spyre_verify.hunt import properties as hunt
+from spyre_verify.hunt.properties import check_trace, check_warmup
+from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_hunt, run_workers
+from spyre_verify.hunt.strategies import Op, batch_states, configs, replay, workloads
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.derive import decode_key, ladders, prefill_key
-from spyre_verify.padding_rules import block_table_problems
-from spyre_verify.strategies import Op, batch_states, configs, replay, workloads
 
 pytestmark = pytest.mark.hunt
 

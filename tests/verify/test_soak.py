@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spyre_verify.cli import main
+from spyre_verify.cli.main import main
 from spyre_verify.report import read_json
 
 SHORT = ["soak", "--requests", "60", "--sample", "20", "--integrity-every", "5", "--backend", "eager"]

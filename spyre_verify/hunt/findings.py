@@ -18,12 +18,12 @@ import runtime
 import spyre_verify
 from runtime.bucketer import BATCHED, PREFILL, Bucket
 from runtime.config import RuntimeConfig
+from spyre_verify.hunt.strategies import Op, StepPoint
 from spyre_verify.oracle.walk import Action
 from spyre_verify.report import config_payload
-from spyre_verify.strategies import Op, StepPoint
 
 if TYPE_CHECKING:
-    from spyre_verify.hunt import World
+    from spyre_verify.hunt.world import World
 
 # The check each property's pytest line calls.
 CHECKS = {
@@ -159,14 +159,16 @@ class Finding:
         check = CHECKS[self.prop]
         if self.prop == "config":
             d = self.details
-            return f"from spyre_verify.hunt import {check}; assert {check}({d['kwargs']!r}, {d['env']!r}) == []"
+            return (
+                f"from spyre_verify.hunt.properties import {check}; assert {check}({d['kwargs']!r}, {d['env']!r}) == []"
+            )
         if self.config is None:
             return None
         args = [config_code(self.config)]
-        imports = f"from runtime.config import RuntimeConfig; from spyre_verify.hunt import {check}"
+        imports = f"from runtime.config import RuntimeConfig; from spyre_verify.hunt.properties import {check}"
         if check == "check_trace":
             args.append("[" + ", ".join(op_code(o) for o in self.events or ()) + "]")
-            imports += "; from spyre_verify.strategies import Op"
+            imports += "; from spyre_verify.hunt.strategies import Op"
         args.append(f"fault={self.fault!r}")
         return f"{imports}; assert {check}({', '.join(args)}) == []"
 

@@ -18,7 +18,8 @@ from typing import Any
 from runtime.config import RuntimeConfig
 from runtime.metadata import PrefillMetadata
 from runtime.scheduler import StepPlan
-from spyre_verify.bench import Figure, Plan, Progress, ratio_figure, spread
+from spyre_verify.bench.figures import Figure, Plan, ratio_figure, spread
+from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import ignore, serve
 from spyre_verify.sim import Sim
 from spyre_verify.workload import Arrival, seeded_workload
@@ -100,7 +101,7 @@ def _config_settings(c: RuntimeConfig) -> dict[str, Any]:
 @contextmanager
 def timed_bodies(seconds: dict[str, float]) -> Iterator[None]:
     """Time each hunt property's body (the checks alone) while the hunt runs; restored after."""
-    from spyre_verify import hunt
+    from spyre_verify.hunt import properties as hunt
 
     saved = dict(hunt.PROPERTIES)
 
@@ -124,7 +125,7 @@ def timed_bodies(seconds: dict[str, float]) -> Iterator[None]:
 
 
 def hunt_figure(plan: Plan, progress: Progress) -> Figure:
-    from spyre_verify.hunt_runner import HuntPlan, run_property
+    from spyre_verify.hunt.runner import HuntPlan, run_property
 
     names = sorted(_properties())
     n = plan.mode.hunt_examples
@@ -153,7 +154,7 @@ def hunt_figure(plan: Plan, progress: Progress) -> Figure:
         direction=">=",
         baseline="examples per second, one core",
         notes=[
-            "spyre_verify.hunt_runner.run_property on every property, seed = repeat index; the value is "
+            "spyre_verify.hunt.runner.run_property on every property, seed = repeat index; the value is "
             "all examples over all seconds; Hypothesis's own generation and bookkeeping are part of the cost",
             f"the property bodies (the checks alone) take {share:.0%} of the time: {body_rate:.0f} examples/s alone",
             *([f"the hunt found {findings} divergence(s): shrinking is in the time"] if findings else []),
@@ -182,6 +183,6 @@ def _hunt_remedy(body_rate: float, share: float) -> str:
 
 
 def _properties() -> list[str]:
-    from spyre_verify.hunt import PROPERTIES
+    from spyre_verify.hunt.properties import PROPERTIES
 
     return list(PROPERTIES)

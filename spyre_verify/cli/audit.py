@@ -13,10 +13,10 @@ import torch
 from runtime.errors import ConfigError
 from runtime.seams import Seams
 from spyre_verify import faults
-from spyre_verify.audit import run_audit
-from spyre_verify.audit_heatmap import write_heatmaps
-from spyre_verify.audit_report import markdown, payload
-from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.audit.heatmap import write_heatmaps
+from spyre_verify.audit.report import markdown, payload
+from spyre_verify.audit.run import run_audit
+from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from runtime.config import ENV_BACKEND, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
-from spyre_verify.hunt_findings import Finding, from_runtime
+from spyre_verify.hunt.findings import Finding, from_runtime
+from spyre_verify.hunt.strategies import BLOCK_SIZES, BOOLS, draw_kv_override, ints
 from spyre_verify.oracle import accept
-from spyre_verify.strategies import BLOCK_SIZES, BOOLS, draw_kv_override, ints
 
 # -- raw config input ---------------------------------------------------------------------------
 # A valid config with at most one field pushed to (or past) the edge of its rule: a bug in

@@ -23,8 +23,8 @@ import hypothesis
 
 from spyre_verify import faults
 from spyre_verify.errors import UsageError
-from spyre_verify.hunt import PROPERTIES
-from spyre_verify.hunt_runner import HuntPlan, PropertyRun, merge, run_workers
+from spyre_verify.hunt.properties import PROPERTIES
+from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
 from spyre_verify.messages import say
 from spyre_verify.profiles import ENV, HUNT, get_settings
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json

@@ -5,9 +5,9 @@ looped, kernel and streaming read) and reported as a ratio with its target and i
 min, median and max over repeats: on a shared, noisy machine an absolute time means
 little, a ratio of two things measured together means much more.
 
-The figures live in modules by what they need: `bench_engine` (warmed engines, and
-warmup size: 3), `bench_overhead` (checker overhead on those engines: 1, 1b),
-`bench_sched` (no compiler: 2, 6) and `bench_kernels` (compiled kernels: 4, 5).
+The figures live in modules by what they need: `bench.engine` (warmed engines, and
+warmup size: 3), `bench.overhead` (checker overhead on those engines: 1, 1b),
+`bench.sched` (no compiler: 2, 6) and `bench.kernels` (compiled kernels: 4, 5).
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 from runtime.config import ModelDims, RuntimeConfig
 from spyre_verify.defaults import CHECK_DEFAULTS
-from spyre_verify.messages import Progress
 
 FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6")
 
@@ -117,40 +114,6 @@ class Plan:
     backend: str
     repeats: int
     only: tuple[str, ...] = FIGURES
-
-
-def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure]:
-    """Run the selected figures in one process, single-threaded except figure 5."""
-    from spyre_verify import bench_engine, bench_kernels, bench_sched
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    out: list[Figure] = []
-    try:
-        # Engines first: figure 3 times the first warmup of the process (a cold compile).
-        if "1" in plan.only or "3" in plan.only:
-            out += bench_engine.figures(plan, progress)
-        if "2" in plan.only:
-            out.append(bench_sched.hunt_figure(plan, progress))
-        if "4" in plan.only:
-            out.append(bench_kernels.batched_figure(plan, progress))
-        if "5" in plan.only:
-            out.append(bench_kernels.roofline_figure(plan, progress))
-        if "6" in plan.only:
-            out.append(bench_sched.waste_figure(plan, progress))
-    finally:
-        torch.set_num_threads(threads)
-    for f in out:
-        if f.backend is not None and f.backend != "inductor":
-            f.notes.append(
-                f"measured with {f.backend}, not inductor"
-                + (
-                    " (--quick keeps CI under 60 s; inductor costs ~5 s a graph on CPU)"
-                    if plan.mode.name != "full"
-                    else ""
-                )
-            )
-    return sorted(out, key=lambda f: f.id)
 
 
 def closing(figures: list[Figure]) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from spyre_verify.audit import AuditResult
-from spyre_verify.audit_verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
+from spyre_verify.audit.run import AuditResult
+from spyre_verify.audit.verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 
 MAX_LISTED = 20  # failures shown in the Markdown; the JSON keeps them all

@@ -7,7 +7,7 @@ never from the bucketer you are testing::
     from runtime.bucketer import SpyreAttnBucketer
     from runtime.metadata import MetadataBuilder
     from spyre_verify.oracle.derive import decode_key, ladders
-    from spyre_verify.strategies import batch_states, configs
+    from spyre_verify.hunt.strategies import batch_states, configs
 
     @given(st.data())
     def test_decode_keys(data):
@@ -25,7 +25,7 @@ one block either side). Every batch state is reached from an empty engine by dri
 the real `Scheduler` and `BlockPool` through add/step events, without tensors;
 requests are often short so that up to `max_num_seqs` run at once. Every workload
 request fits `max_model_len`. Everything shrinks toward small configs and short traces.
-`spyre_verify.hunt_config.raw_configs` draws possibly invalid config input instead.
+`spyre_verify.hunt.config.raw_configs` draws possibly invalid config input instead.
 """
 
 from __future__ import annotations

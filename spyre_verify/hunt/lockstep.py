@@ -2,7 +2,7 @@
 and DESIGN's rules (`spyre_verify.oracle.model`) differ, and the request gate.
 
 The same comparison as the `contract-conformance` checker, on the tensor-free replay of
-`spyre_verify.strategies.replay`, so every trace the dispatch property draws is also a
+`spyre_verify.hunt.strategies.replay`, so every trace the dispatch property draws is also a
 conformance test of the scheduler: admissions, shifts, strips, finishes, left padding,
 blocks and reservations, and stalls (an idle engine the contract says has work).
 """
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Scheduler
-from spyre_verify.hunt_findings import Finding
+from spyre_verify.hunt.findings import Finding
+from spyre_verify.hunt.strategies import BatchState, StepPoint
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.strategies import BatchState, StepPoint
 
 if TYPE_CHECKING:
-    from spyre_verify.hunt import World
+    from spyre_verify.hunt.world import World
 
 
 class Lockstep:

@@ -1,4 +1,4 @@
-"""Warmed engines for the engine figures, and warmup size (3); overhead (1, 1b) is in bench_overhead.
+"""Warmed engines for the engine figures, and warmup size (3); overhead (1, 1b) is in bench.overhead.
 
 Three engines of one config serve the same seeded workload in lockstep: bare, with
 the always-on checkers, and with the checkers plus opt-in KV integrity. Each step is
@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import CompileEvent
-from spyre_verify.bench import Figure, Plan, Progress
+from spyre_verify.bench.figures import Figure
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
+from spyre_verify.checks.violations import Checker
+from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders
 from spyre_verify.oracle.walk import reachable
 from spyre_verify.serve_loop import Feed, ignore, serve
 from spyre_verify.session import always_on
-from spyre_verify.violations import Checker
 from spyre_verify.workload import Arrival, seeded_workload
 
 BARE, CHECKED, KV = "bare", "always-on", "kv-integrity"
@@ -123,23 +124,6 @@ class Lockstep:
             r.times.clear()
         self._turn = 0
         serve(self, self.arrivals, on_rejected=ignore, max_steps=steps)
-
-
-def figures(plan: Plan, progress: Progress) -> list[Figure]:
-    config = plan.mode.engine_config(plan.backend)
-    # Figure 3 first: its warmup is the process's first, a cold compile.
-    out = [warmup_figure(config, progress)] if "3" in plan.only else []
-    if "1" in plan.only:
-        with compile_cache(config.backend):
-            rigs = build_rigs(config, [BARE, CHECKED, KV], progress)
-        from spyre_verify.bench_overhead import overhead_figures  # it imports this module
-
-        try:
-            out += overhead_figures(plan, config, rigs, progress)
-        finally:  # closed in the reverse order of creation, each puts back the Dynamo limits it found
-            for rig in reversed(rigs.values()):
-                rig.engine.close()
-    return out
 
 
 def warmup_figure(config: RuntimeConfig, progress: Progress) -> Figure:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from runtime.bucketer import KERNELS, SpyreAttnBucketer
-from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.cli.config import add_config_flags, config_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

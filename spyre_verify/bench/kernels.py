@@ -21,7 +21,8 @@ from runtime import attention
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.compiler import fresh_function
 from runtime.config import RuntimeConfig
-from spyre_verify.bench import Figure, Plan, Progress, ratio_figure
+from spyre_verify.bench.figures import Figure, Plan, ratio_figure
+from spyre_verify.messages import Progress
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 
 from runtime.seams import Seams
 from spyre_verify import faults
-from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.checks.violations import Violation
+from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
@@ -34,7 +35,6 @@ from spyre_verify.report import (
     write_json,
 )
 from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
-from spyre_verify.violations import Violation
 
 FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
 MAX_REQUESTS = 1_000_000  # the workload is built up front

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
-from spyre_verify.audit import AuditResult, BucketStats
+from spyre_verify.audit.run import AuditResult, BucketStats
 
 # Heatmap categories: how a bucket's cell is coloured.
 HIT, NEVER_HIT, PRUNED, MISSED = "warmed-and-hit", "warmed-never-hit", "pruned", "missed"

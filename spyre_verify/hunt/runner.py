@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from spyre_verify.hunt import PROPERTIES
-from spyre_verify.hunt_findings import Finding, crash, from_runtime
+from spyre_verify.hunt.findings import Finding, crash, from_runtime
+from spyre_verify.hunt.properties import PROPERTIES
 from spyre_verify.messages import Progress, say
 from spyre_verify.profiles import get_settings
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from spyre_verify import faults
-from spyre_verify.check_report import markdown, payload
-from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.cli.check_report import markdown, payload
+from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
 from spyre_verify.errors import UsageError

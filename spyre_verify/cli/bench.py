@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
-from spyre_verify.bench import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing, run_figures
+from spyre_verify.bench.figures import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing
+from spyre_verify.bench.run import run_figures
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json

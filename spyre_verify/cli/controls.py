@@ -7,7 +7,7 @@ import argparse
 import json
 
 from spyre_verify import faults
-from spyre_verify.cli_config import add_config_flags, config_from_args
+from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import run_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
 from spyre_verify.messages import say

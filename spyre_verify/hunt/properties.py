@@ -27,20 +27,19 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis import target
 
-from runtime.bucketer import PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.metadata import MetadataBuilder, PrefillMetadata
-from runtime.seams import Seams
-from runtime.warmup import warm_plan
 from spyre_verify import faults
 from spyre_verify.checks.ladders import Disagreement, probe_builder, warm_disagreements
-from spyre_verify.hunt_config import check_config, raw_configs
-from spyre_verify.hunt_findings import Finding, crash, from_runtime, kv_of, ops_for, warm_ladder
-from spyre_verify.hunt_lockstep import Lockstep
-from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
+from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.hunt.config import check_config, raw_configs
+from spyre_verify.hunt.findings import Finding, crash, from_runtime, kv_of, ops_for, warm_ladder
+from spyre_verify.hunt.lockstep import Lockstep
+from spyre_verify.hunt.strategies import BatchState, Op, StepPoint, configs, draw_config, draw_ops, ints, replay
+from spyre_verify.hunt.world import World, world
+from spyre_verify.oracle.derive import decode_key, prefill_key
 from spyre_verify.oracle.walk import Reachable, reachable
-from spyre_verify.padding_rules import block_table_problems
-from spyre_verify.strategies import BatchState, Op, StepPoint, configs, draw_config, draw_ops, ints, replay
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
 # walked part is checked: every bucket it reached must be warm.
@@ -48,30 +47,6 @@ WALK_BUDGET = 2_000
 # The longest max_model_len the warmup property draws for each max_num_seqs: the walk's
 # state space grows roughly like L ** (2 * S), so wide batches get short sequences.
 WALK_LEN = {1: 32, 2: 16, 3: 10, 4: 8, 5: 6, 6: 6, 7: 5, 8: 5}
-
-
-@dataclass(frozen=True)
-class World:
-    """The runtime under test, built once per (config, fault)."""
-
-    config: RuntimeConfig  # after the fault's configure step
-    fault: str | None
-    seams: Seams
-    builder: MetadataBuilder
-    warm: frozenset[Bucket]  # the planned warm set: the runtime's answer, judged here
-    lad: Ladders  # the oracle's ladders for `config`
-
-
-# Bounded: hits come from the strategy and the property asking for the same config,
-# and from shrinking nearby.
-@functools.lru_cache(maxsize=1024)
-def world(config: RuntimeConfig, fault: str | None = None) -> World:
-    seams = Seams()
-    if fault is not None:
-        config, seams = faults.get(fault).apply(config)
-    b = SpyreAttnBucketer(config)  # the runtime's own instance: the system under test
-    builder = MetadataBuilder(b)
-    return World(config, fault, seams, builder, frozenset(warm_plan(b, seams)), ladders(config))
 
 
 def guarded(

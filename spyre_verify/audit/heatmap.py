@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bucketer import BATCHED, DECODE
-from spyre_verify.audit_verdict import HIT, MISSED, NEVER_HIT, PRUNED
+from spyre_verify.audit.verdict import HIT, MISSED, NEVER_HIT, PRUNED
 
 CATEGORIES = (HIT, NEVER_HIT, PRUNED, MISSED)
 COLOURS = {HIT: "#4caf50", NEVER_HIT: "#ffb300", PRUNED: "#d9d9d9", MISSED: "#e53935"}

@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-import spyre_verify
 from runtime.errors import ConfigError, RequestError
+from spyre_verify import cli
 from spyre_verify.errors import UsageError
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -40,9 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _commands() -> list[object]:
-    """Every `spyre_verify.cmd_*` module is a subcommand with `add_parser(sub)`."""
-    names = sorted(m.name for m in pkgutil.iter_modules(spyre_verify.__path__) if m.name.startswith("cmd_"))
-    return [importlib.import_module(f"spyre_verify.{n}") for n in names]
+    """Every module of `spyre_verify.cli` that defines `add_parser(sub)` is a subcommand of that name."""
+    mods = [importlib.import_module(f"spyre_verify.cli.{m.name}") for m in pkgutil.iter_modules(cli.__path__)]
+    return [m for m in mods if hasattr(m, "add_parser")]
 
 
 def first_line(e: BaseException) -> str:

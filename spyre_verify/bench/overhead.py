@@ -1,6 +1,6 @@
 """Figure 1 (and 1b): what the always-on checkers cost a serving step, and where it goes.
 
-The ratio comes from engines stepping in lockstep (`bench_engine.Lockstep`). The
+The ratio comes from engines stepping in lockstep (`bench.engine.Lockstep`). The
 breakdown times each checker's handlers in place for one extra round; the rest of
 the extra step time is the engine building and dispatching events, and Dynamo
 running under the fail_on_recompile stance.
@@ -15,9 +15,10 @@ from typing import Any
 
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from spyre_verify.bench import Figure, Plan, Progress, ratio_figure
-from spyre_verify.bench_engine import BARE, CHECKED, KV, WORKLOAD_REQUESTS, Lockstep, Rig
-from spyre_verify.violations import Checker
+from spyre_verify.bench.engine import BARE, CHECKED, KV, WORKLOAD_REQUESTS, Lockstep, Rig
+from spyre_verify.bench.figures import Figure, Plan, ratio_figure
+from spyre_verify.checks.violations import Checker
+from spyre_verify.messages import Progress
 
 EVENTS = "events+stance"
 

@@ -1,0 +1,1 @@
+"""`spyre-verify bench`: figures measured side by side in one process."""

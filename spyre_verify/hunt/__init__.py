@@ -1,0 +1,1 @@
+"""The hunts: Hypothesis properties over the runtime, their strategies, findings and the runner."""
