@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from functools import cached_property
 
 from runtime import ladders
@@ -21,7 +21,37 @@ BATCHED = "batched"
 PREFILL = "prefill"
 KERNELS = (DECODE, BATCHED, PREFILL)
 
-Key = tuple[int | bool, ...]
+
+class _Key:
+    """A bucket key prints as the tuple of its fields, as reports and messages always showed it."""
+
+    def __str__(self) -> str:
+        return str(astuple(self))  # type: ignore[call-overload]  # every subclass is a dataclass
+
+    def values(self) -> tuple[int | bool, ...]:
+        return tuple(astuple(self))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True, order=True)
+class DecodeKey(_Key):
+    kv_blocks: int
+
+
+@dataclass(frozen=True, order=True)
+class BatchedKey(_Key):
+    num_seqs: int
+    kv_blocks: int
+    needs_gather: bool  # fewer real rows than num_seqs: the kernel gathers them
+    store_out: bool  # every row real: the kernel writes its output in place
+
+
+@dataclass(frozen=True, order=True)
+class PrefillKey(_Key):
+    tokens: int
+
+
+Key = DecodeKey | BatchedKey | PrefillKey
+KEY_TYPES: dict[str, type[Key]] = {DECODE: DecodeKey, BATCHED: BatchedKey, PREFILL: PrefillKey}
 
 
 @dataclass(frozen=True, order=True)
@@ -29,8 +59,19 @@ class Bucket:
     kernel: str
     key: Key
 
+    def __post_init__(self) -> None:
+        if type(self.key) is not KEY_TYPES.get(self.kernel):
+            raise TypeError(f"a {self.kernel!r} bucket takes a {KEY_TYPES.get(self.kernel)}, got {self.key!r}")
+
     def __str__(self) -> str:
         return f"{self.kernel}{self.key}"
+
+    @staticmethod
+    def parse(kernel: str, values: list[int | bool] | tuple[int | bool, ...]) -> Bucket:
+        """A bucket from its JSON form: the kernel and its key's fields in order."""
+        if kernel not in KEY_TYPES:
+            raise ValueError(f"unknown kernel {kernel!r}: one of {', '.join(KEY_TYPES)}")
+        return Bucket(kernel, KEY_TYPES[kernel](*values))
 
 
 @dataclass(frozen=True)
@@ -69,13 +110,13 @@ class SpyreAttnBucketer:
         """The bucket a decode of `seqs` real rows needing `blocks` entries dispatches to."""
         kv = self.kv_rung(blocks)
         if not self.uses_batched(seqs):
-            return Bucket(DECODE, (kv,))
+            return Bucket(DECODE, DecodeKey(kv))
         n = self.seqs_rung(seqs)
         needs_gather = seqs < n
-        return Bucket(BATCHED, (n, kv, needs_gather, not needs_gather))
+        return Bucket(BATCHED, BatchedKey(n, kv, needs_gather, not needs_gather))
 
     def prefill_bucket(self, tokens: int) -> Bucket:
-        return Bucket(PREFILL, (self.prefill_rung(tokens),))
+        return Bucket(PREFILL, PrefillKey(self.prefill_rung(tokens)))
 
     # -- enumeration ------------------------------------------------------------------
     @cached_property
@@ -83,14 +124,14 @@ class SpyreAttnBucketer:
         """Every candidate bucket mapped to None (reachable) or the reason it is pruned."""
         out: dict[Bucket, str | None] = {}
         for kv in self.kv_blocks:
-            out[Bucket(DECODE, (kv,))] = self._why_not_decode(self._per_seq_range(), self._kv_members(kv))
+            out[Bucket(DECODE, DecodeKey(kv))] = self._why_not_decode(self._per_seq_range(), self._kv_members(kv))
         for n in self.num_seqs:
             low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)
             for kv, needs_gather, store_out in itertools.product(self.kv_blocks, (False, True), (False, True)):
-                b = Bucket(BATCHED, (n, kv, needs_gather, store_out))
+                b = Bucket(BATCHED, BatchedKey(n, kv, needs_gather, store_out))
                 out[b] = self._why_not_batched(low, n, kv, needs_gather, store_out)
         for tokens in self.prefill_tokens:
-            out[Bucket(PREFILL, (tokens,))] = self._why_not_prefill(tokens)
+            out[Bucket(PREFILL, PrefillKey(tokens))] = self._why_not_prefill(tokens)
         return out
 
     def buckets(self, kernel: str) -> list[Bucket]:

@@ -136,7 +136,7 @@ class Engine:
     def _run_prefill(self, plan: StepPlan) -> list[int]:
         md = plan.metadata
         assert isinstance(md, PrefillMetadata)
-        dev, width = self.config.device, int(md.bucket.key[0])
+        dev, width = self.config.device, md.tokens
         lp, tkv, rid = md.left_pad, md.tkv, md.request_id
         tokens = [0] * lp + list(plan.inputs) + [0] * (width - tkv)
         positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(width)]

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.block_pool import NULL_BLOCK
-from runtime.bucketer import Bucket, SpyreAttnBucketer
+from runtime.bucketer import BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ class PrefillMetadata:
     block_table: tuple[int, ...]  # ceil(tkv / bs) entries
     slots: tuple[int, ...]  # one per prompt token
 
+    @property
+    def tokens(self) -> int:
+        """The padded width the prefill kernel runs at."""
+        assert isinstance(self.bucket.key, PrefillKey)
+        return self.bucket.key.tokens
+
 
 class MetadataBuilder:
     # Where padded block-table entries point: the block the pool reserves for padding.
@@ -79,10 +85,11 @@ class MetadataBuilder:
         assert all(s.left_pad + s.num_cached == tkv for s in seqs), "rows must end at tkv"
         need = tkv // self.block_size + 1
         bucket = self.bucketer.decode_bucket(len(seqs), need)
-        width = bucket.key[1] if len(bucket.key) == 4 else bucket.key[0]
-        rows = [self.row(s, int(width)) for s in seqs]
-        padded = int(bucket.key[0]) if len(bucket.key) == 4 else 1
-        rows += [(self.padding_block,) * int(width)] * (padded - len(seqs))
+        key = bucket.key
+        assert isinstance(key, (DecodeKey, BatchedKey))
+        width, padded = key.kv_blocks, (key.num_seqs if isinstance(key, BatchedKey) else 1)
+        rows = [self.row(s, width) for s in seqs]
+        rows += [(self.padding_block,) * width] * (padded - len(seqs))
         needs_gather = len(seqs) < padded
         return DecodeMetadata(
             bucket=bucket,

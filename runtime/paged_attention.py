@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from runtime import attention
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.compiler import BackendWrapper, KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
@@ -88,10 +88,11 @@ class PagedAttention:
     def decode_args(self, bucket: Bucket, layer: int) -> tuple[Any, ...]:
         """The exact staging views a decode bucket is called with."""
         st, k_cache, v_cache = self.staging, self.cache.k[layer], self.cache.v[layer]
-        if bucket.kernel == DECODE:
-            return (st.seq_q, k_cache, v_cache, st.seq_table[: int(bucket.key[0])], st.seq_left_pad, st.tkv)
-        n, k, needs_gather, store_out = bucket.key
-        n, k = int(n), int(k)
+        key = bucket.key
+        if isinstance(key, DecodeKey):
+            return (st.seq_q, k_cache, v_cache, st.seq_table[: key.kv_blocks], st.seq_left_pad, st.tkv)
+        assert isinstance(key, BatchedKey)
+        n, k, needs_gather, store_out = key.num_seqs, key.kv_blocks, key.needs_gather, key.store_out
         views = (st.q[:n], st.out[:n], k_cache, v_cache, st.block_table[:n, :k], st.left_pads[:n], st.row_real[:n])
         return (*views, st.tkv, needs_gather, store_out)
 
@@ -108,7 +109,8 @@ class PagedAttention:
         return self.runners[PREFILL](md.bucket, *self.prefill_args(md.bucket)).clone()
 
     def prefill_args(self, bucket: Bucket) -> tuple[Any, ...]:
-        st, t = self.staging, int(bucket.key[0])
+        assert isinstance(bucket.key, PrefillKey)
+        st, t = self.staging, bucket.key.tokens
         return (st.prefill_q[:t], st.prefill_k[:t], st.prefill_v[:t], st.prefill_left_pad)
 
     def args_for(self, bucket: Bucket, fresh: bool = False) -> tuple[Any, ...]:

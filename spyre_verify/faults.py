@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from unittest import mock
 
 from runtime import attention
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
 from runtime.seams import Seams
@@ -69,7 +69,8 @@ def builder_rounding(kv_rung: Callable[[MetadataBuilder, int], int]) -> Callable
         def build_decode(self: MetadataBuilder, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
             md = original(self, seqs, tkv)
             kv = kv_rung(self, tkv // self.block_size + 1)
-            key = (md.bucket.key[0], kv, *md.bucket.key[2:]) if md.bucket.kernel == BATCHED else (kv,)
+            old = md.bucket.key
+            key = replace(old, kv_blocks=kv) if isinstance(old, BatchedKey) else DecodeKey(kv)
             rows = [self.row(s, kv) for s in seqs] + [(self.padding_block,) * kv] * (md.padded_seqs - len(seqs))
             return replace(md, bucket=Bucket(md.bucket.kernel, key), block_table=tuple(rows))
 

@@ -20,7 +20,7 @@ def bucket_row(r: Row) -> dict[str, Any]:
     st = r.stats
     return {
         "kernel": r.bucket.kernel,
-        "key": list(r.bucket.key),
+        "key": list(r.bucket.key.values()),
         "bucket": str(r.bucket),
         "reachable": r.reachable,
         "warmed": r.warmed,
@@ -81,7 +81,7 @@ def payload(result: AuditResult) -> dict[str, Any]:
         "pruned": [
             {
                 "kernel": x.bucket.kernel,
-                "key": list(x.bucket.key),
+                "key": list(x.bucket.key.values()),
                 "bucket": str(x.bucket),
                 "reason": x.reason,
                 "reachable": x.bucket in result.reachable,

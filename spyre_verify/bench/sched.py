@@ -52,7 +52,7 @@ def prefill_waste(config: RuntimeConfig, workload: list[Arrival]) -> Waste:
     prefills = [p.metadata for p in plans(sim, workload) if isinstance(p.metadata, PrefillMetadata)]
     return Waste(
         useful=sum(md.prompt_len for md in prefills),
-        ours=sum(int(md.bucket.key[0]) for md in prefills),
+        ours=sum(md.tokens for md in prefills),
         top_rung=top * len(prefills),
         prefills=len(prefills),
     )

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from runtime.block_pool import NULL_BLOCK
-from runtime.bucketer import DECODE, PREFILL, Bucket
+from runtime.bucketer import DECODE, PREFILL, Bucket, DecodeKey, PrefillKey
 from runtime.events import WARMUP
 from runtime.metadata import DecodeMetadata, PrefillMetadata
 
@@ -68,7 +68,7 @@ def decode_control(engine: Any, width: int) -> Control:
     att, bs = engine.attention, engine.config.block_size
     tkv = width * bs - 1  # the new token is the width's last position: ceil((tkv + 1) / bs) == width
     md = DecodeMetadata(
-        bucket=Bucket(DECODE, (width,)),
+        bucket=Bucket(DECODE, DecodeKey(width)),
         tkv=tkv,
         request_ids=(CONTROL_ID,),
         block_table=((NULL_BLOCK,) * width,),
@@ -89,7 +89,7 @@ def decode_control(engine: Any, width: int) -> Control:
 def prefill_md(engine: Any, tokens: int) -> PrefillMetadata:
     bs = engine.config.block_size
     return PrefillMetadata(
-        bucket=Bucket(PREFILL, (tokens,)),
+        bucket=Bucket(PREFILL, PrefillKey(tokens)),
         tkv=tokens,
         request_id=CONTROL_ID,
         left_pad=0,
@@ -117,14 +117,14 @@ def fresh_size_control(engine: Any) -> Control | None:
     st, bs = engine.attention.staging, engine.config.block_size
     lengths = range(1, st.prefill_q.shape[0] + 1)
     prefills = compiled(engine, PREFILL)
-    tokens = next((t for t in lengths if t % bs and Bucket(PREFILL, (t,)) not in prefills), None)
+    tokens = next((t for t in lengths if t % bs and Bucket(PREFILL, PrefillKey(t)) not in prefills), None)
     if tokens is not None:
         return prefill_size_control(engine, tokens)
     decodes = compiled(engine, DECODE)
-    width = next((k for k in range(1, st.seq_table.shape[0] + 1) if Bucket(DECODE, (k,)) not in decodes), None)
+    width = next((k for k in range(1, st.seq_table.shape[0] + 1) if Bucket(DECODE, DecodeKey(k)) not in decodes), None)
     if width is not None:
         return decode_control(engine, width)
-    tokens = next((t for t in lengths if Bucket(PREFILL, (t,)) not in prefills), None)
+    tokens = next((t for t in lengths if Bucket(PREFILL, PrefillKey(t)) not in prefills), None)
     return prefill_size_control(engine, tokens) if tokens is not None else None
 
 
@@ -133,7 +133,7 @@ def stride_control(engine: Any) -> Control:
     att, bs = engine.attention, engine.config.block_size
     st = att.staging
     warm = sorted(compiled(engine, PREFILL, WARMUP))
-    tokens = int(warm[0].key[0]) if warm else min(bs, st.prefill_q.shape[0])
+    tokens = warm[0].key.tokens if warm and isinstance(warm[0].key, PrefillKey) else min(bs, st.prefill_q.shape[0])
     md = prefill_md(engine, tokens)
     shape = st.prefill_q.shape
     foreign = [

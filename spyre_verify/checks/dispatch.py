@@ -3,6 +3,7 @@ asked) every bucket the oracle's walk reaches was served at least once."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from runtime.bucketer import Bucket
@@ -24,19 +25,21 @@ def _around(value: int, same: list[int]) -> str:
 
 
 def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
-    """For each numeric dimension of the key, the closest warmed values with the rest equal."""
+    """For each numeric field of the key, the closest warmed values with the rest equal."""
     if not any(b.kernel == bucket.kernel for b in warm):
         return f"no {bucket.kernel} bucket was warmed at all"
     parts = []
-    for i, value in enumerate(bucket.key):
+    for f in fields(bucket.key):
+        value = getattr(bucket.key, f.name)
         if isinstance(value, bool):
             continue
+        rest = {g.name: getattr(bucket.key, g.name) for g in fields(bucket.key) if g.name != f.name}
         same = sorted(
-            int(b.key[i])
+            getattr(b.key, f.name)
             for b in warm
-            if b.kernel == bucket.kernel and all(b.key[j] == bucket.key[j] for j in range(len(b.key)) if j != i)
+            if b.kernel == bucket.kernel and all(getattr(b.key, n) == v for n, v in rest.items())
         )
-        parts.append(f"dim {i}: {_around(int(value), same)}")
+        parts.append(f"{f.name}: {_around(value, same)}")
     return "; ".join(parts) or "no warmed bucket of this kernel"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.bucketer import BATCHED, PREFILL, Bucket
+from runtime.bucketer import BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, CompileEvent
 from runtime.metadata import MetadataBuilder, SeqState
@@ -48,11 +48,11 @@ def describe(shape: Shape) -> str:
 
 def rungs_of(bucket: Bucket) -> dict[str, int]:
     """The rung a bucket sits on in each ladder dimension it has."""
-    if bucket.kernel == PREFILL:
-        return {"prefill_tokens": int(bucket.key[0])}
+    if isinstance(bucket.key, PrefillKey):
+        return {"prefill_tokens": bucket.key.tokens}
     out = {"kv_blocks": kv_dim(bucket)}
-    if bucket.kernel == BATCHED:
-        out["num_seqs"] = int(bucket.key[0])
+    if isinstance(bucket.key, BatchedKey):
+        out["num_seqs"] = bucket.key.num_seqs
     return out
 
 

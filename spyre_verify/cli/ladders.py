@@ -29,9 +29,11 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
         "prefill_tokens": list(b.prefill_tokens),
         "num_blocks": c.total_blocks,
         "usable_blocks": c.usable_blocks,
-        "buckets": {k: [list(x.key) for x in b.buckets(k)] for k in KERNELS},
+        "buckets": {k: [list(x.key.values()) for x in b.buckets(k)] for k in KERNELS},
         "counts": {k: len(b.buckets(k)) for k in KERNELS},
-        "pruned": [{"kernel": p.bucket.kernel, "key": list(p.bucket.key), "reason": p.reason} for p in b.pruned()],
+        "pruned": [
+            {"kernel": p.bucket.kernel, "key": list(p.bucket.key.values()), "reason": p.reason} for p in b.pruned()
+        ],
     }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 import spyre_verify
-from runtime.bucketer import BATCHED, PREFILL, Bucket
+from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, DecodeKey
 from runtime.config import RuntimeConfig
 from spyre_verify.hunt.strategies import Op, StepPoint
 from spyre_verify.oracle.walk import Action
@@ -77,7 +77,7 @@ def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
 
 def kv_of(bucket: Bucket) -> int:
     """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return int(bucket.key[1] if bucket.kernel == BATCHED else bucket.key[0])
+    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens
 
 
 def warm_ladder(warm: Iterable[Bucket], kernel: str) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def warm_ladder(warm: Iterable[Bucket], kernel: str) -> dict[str, Any]:
         "rungs": sorted({kv_of(b) for b in mine}),
     }
     if kernel == BATCHED:
-        out["num_seqs"] = sorted({int(b.key[0]) for b in mine})
+        out["num_seqs"] = sorted({b.key.num_seqs for b in mine if isinstance(b.key, BatchedKey)})
     out["buckets"] = [str(b) for b in mine]
     return out
 

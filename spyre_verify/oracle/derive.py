@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
 
 
@@ -67,19 +67,19 @@ def decode_key(lad: Ladders, seqs: int, tkv: int) -> Bucket | None:
     if kv is None:
         return None
     if not lad.batched or seqs < lad.min_batched:
-        return Bucket(DECODE, (kv,))
+        return Bucket(DECODE, DecodeKey(kv))
     n = rung(lad.num_seqs, seqs)
     if n is None:
         return None
     gather = seqs < n
-    return Bucket(BATCHED, (n, kv, gather, not gather))
+    return Bucket(BATCHED, BatchedKey(n, kv, gather, not gather))
 
 
 def prefill_key(lad: Ladders, tkv: int) -> Bucket:
     """A prefill with the batch at (post-shift) `tkv` pads to whole blocks."""
-    return Bucket(PREFILL, (ceil_div(tkv, lad.block_size) * lad.block_size,))
+    return Bucket(PREFILL, PrefillKey(ceil_div(tkv, lad.block_size) * lad.block_size))
 
 
 def kv_dim(bucket: Bucket) -> int:
     """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return int(bucket.key[1] if bucket.kernel == BATCHED else bucket.key[0])
+    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runtime import attention, ladders
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.compiler import KernelRunner, compile_limits, set_dynamo_config
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
@@ -109,7 +109,7 @@ def assert_compiled_once(runner: KernelRunner, bucket: Bucket) -> None:
 @pytest.mark.parametrize("kv", BUCKETER.kv_blocks)
 def test_decode_matches_naive(runners: dict[str, KernelRunner], kv: int) -> None:
     gen = torch.Generator().manual_seed(100 + kv)
-    plain, bucket = attention.make_decode(), Bucket(DECODE, (kv,))
+    plain, bucket = attention.make_decode(), Bucket(DECODE, DecodeKey(kv))
     for _ in range(TRIALS):
         k_cache, v_cache = random_cache(gen)
         tkv = random_tkv(gen, kv)
@@ -140,7 +140,7 @@ def test_batched_matches_naive(runners: dict[str, KernelRunner], n: int, s: int,
     gen = torch.Generator().manual_seed(1000 * n + 100 * s + kv)
     needs_gather = s < n
     store_out = not needs_gather
-    bucket = Bucket(BATCHED, (n, kv, needs_gather, store_out))
+    bucket = Bucket(BATCHED, BatchedKey(n, kv, needs_gather, store_out))
     plain = attention.make_batched()
     for _ in range(TRIALS):
         k_cache, v_cache = random_cache(gen)
@@ -171,7 +171,7 @@ def test_batched_matches_naive(runners: dict[str, KernelRunner], n: int, s: int,
 @pytest.mark.parametrize("tokens", BUCKETER.prefill_tokens)
 def test_prefill_matches_naive(runners: dict[str, KernelRunner], tokens: int) -> None:
     gen = torch.Generator().manual_seed(10_000 + tokens)
-    plain, bucket = attention.make_prefill(), Bucket(PREFILL, (tokens,))
+    plain, bucket = attention.make_prefill(), Bucket(PREFILL, PrefillKey(tokens))
     for _ in range(TRIALS):
         tkv = randint(gen, tokens - BS + 1, tokens)  # right padding: tokens - tkv < bs
         lp = randint(gen, 0, tkv - 1)  # at least one prompt token

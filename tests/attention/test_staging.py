@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, EventBus
@@ -56,11 +56,11 @@ def test_decode_args_are_staging_views(paged: PagedAttention, bucket: Bucket) ->
         assert layout(args) == layout(paged.decode_args(bucket, layer)), "every call of a bucket looks the same"
         if bucket.kernel == DECODE:
             q, k_cache, v_cache, table, left_pads, tkv = args
-            assert table.shape == (bucket.key[0],)
+            assert table.shape == (bucket.key.values()[0],)
             assert same_view(q, st.seq_q) and q.shape[0] == 1
             assert same_view(table, st.seq_table) and same_view(left_pads, st.seq_left_pad)
         else:
-            n, kv, needs_gather, store_out = bucket.key
+            n, kv, needs_gather, store_out = bucket.key.values()
             q, out, k_cache, v_cache, table, left_pads, row_real, tkv, *flags = args
             assert flags == [needs_gather, store_out]
             assert table.shape == (n, kv) and q.shape[0] == out.shape[0] == n
@@ -76,7 +76,7 @@ def test_prefill_args_are_staging_views(paged: PagedAttention, bucket: Bucket) -
     args = paged.prefill_args(bucket)
     assert layout(args) == layout(paged.prefill_args(bucket))
     q, k, v, left_pad = args
-    assert q.shape[0] == bucket.key[0]
+    assert q.shape[0] == bucket.key.values()[0]
     assert same_view(q, st.prefill_q) and same_view(k, st.prefill_k) and same_view(v, st.prefill_v)
     assert left_pad is st.prefill_left_pad
     assert layout(paged.args_for(bucket)) == layout(args)
@@ -91,10 +91,10 @@ def test_fresh_args_change_strides_only_for_narrow_batched_tables(paged: PagedAt
         assert all(s.shape == f.shape for s, f in tensors)
         assert any(s.data_ptr() != f.data_ptr() for s, f in tensors), "fresh tensors are new storage"
         strides_differ = [s.stride() != f.stride() for s, f in tensors]
-        if bucket.kernel == BATCHED and bucket.key[1] < top:
+        if bucket.kernel == BATCHED and bucket.key.values()[1] < top:
             narrow += 1
             table = fresh[4]
-            assert table.stride() == (bucket.key[1], 1) != st.block_table.stride()
+            assert table.stride() == (bucket.key.values()[1], 1) != st.block_table.stride()
             assert any(strides_differ)
         else:
             # A clone of a contiguous slice has the slice's strides: only storage differs.
@@ -177,7 +177,7 @@ def test_fail_on_recompile_catches_warmup_on_fresh_tensors() -> None:
     engine = Engine(cfg, seams=Seams(warmup_fresh_tensors=True))
     engine.warmup()
     attn, top = engine.attention, engine.bucketer.kv_blocks[-1]
-    narrow, wide = Bucket(BATCHED, (2, 1, False, True)), Bucket(BATCHED, (2, top, False, True))
+    narrow, wide = Bucket(BATCHED, BatchedKey(2, 1, False, True)), Bucket(BATCHED, BatchedKey(2, top, False, True))
     assert {narrow, wide} <= engine.recorder.warm_set
     with torch.compiler.set_stance("fail_on_recompile"):
         attn.call(wide, attn.args_for(wide))  # a full-width slice is contiguous: same strides, same graph

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.reference import generate
@@ -59,15 +59,15 @@ class Step:
 
 
 def prefill(tokens: int) -> Bucket:
-    return Bucket(PREFILL, (tokens,))
+    return Bucket(PREFILL, PrefillKey(tokens))
 
 
 def decode(kv: int) -> Bucket:
-    return Bucket(DECODE, (kv,))
+    return Bucket(DECODE, DecodeKey(kv))
 
 
 def batched(n: int, kv: int, needs_gather: bool) -> Bucket:
-    return Bucket(BATCHED, (n, kv, needs_gather, not needs_gather))
+    return Bucket(BATCHED, BatchedKey(n, kv, needs_gather, not needs_gather))
 
 
 def check_step(engine: Engine, log: StepLog, n: int, want: Step) -> None:

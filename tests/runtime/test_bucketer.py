@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.walk import reachable
 
@@ -20,13 +20,13 @@ def bucketer(**kwargs: object) -> SpyreAttnBucketer:
 def test_default_config_counts() -> None:
     b = bucketer()
     assert {k: len(b.buckets(k)) for k in KERNELS} == {DECODE: 6, BATCHED: 30, PREFILL: 32}
-    assert [x.key for x in b.buckets(DECODE)] == [(1,), (2,), (4,), (8,), (16,), (32,)]
-    assert [x.key[0] for x in b.buckets(PREFILL)] == [64 * t for t in range(1, 33)]
+    assert [x.key.values() for x in b.buckets(DECODE)] == [(1,), (2,), (4,), (8,), (16,), (32,)]
+    assert [x.key.values()[0] for x in b.buckets(PREFILL)] == [64 * t for t in range(1, 33)]
 
 
 def test_default_batched_warm_set_is_both_flag_forms_where_a_rung_below_exists() -> None:
     b = bucketer()
-    keys = {x.key for x in b.buckets(BATCHED)}
+    keys = {x.key.values() for x in b.buckets(BATCHED)}
     full = {(n, kv, F, T) for n in (2, 4, 8) for kv in (1, 2, 4, 8, 16, 32)}
     gathered = {(n, kv, T, F) for n in (4, 8) for kv in (1, 2, 4, 8, 16, 32)}
     assert keys == full | gathered
@@ -34,7 +34,7 @@ def test_default_batched_warm_set_is_both_flag_forms_where_a_rung_below_exists()
 
 def test_tight_pool_batched_warm_set() -> None:
     b = bucketer(block_size=64, max_model_len=256, max_num_seqs=4, num_blocks=6)
-    assert [x.key for x in b.buckets(BATCHED)] == [
+    assert [x.key.values() for x in b.buckets(BATCHED)] == [
         (2, 1, F, T),
         (2, 2, F, T),
         (2, 4, F, T),
@@ -44,14 +44,14 @@ def test_tight_pool_batched_warm_set() -> None:
         (4, 2, T, F),
         (4, 4, T, F),
     ]
-    reasons = {p.bucket.key: p.reason for p in b.pruned() if p.bucket.kernel == BATCHED}
+    reasons = {p.bucket.key.values(): p.reason for p in b.pruned() if p.bucket.kernel == BATCHED}
     assert "pool" in reasons[(4, 4, F, T)] and "5" in reasons[(4, 4, F, T)]
 
 
 def test_tight_pool_keeps_every_decode_and_prefill_rung() -> None:
     b = bucketer(block_size=64, max_model_len=256, max_num_seqs=4, num_blocks=6)
-    assert [x.key for x in b.buckets(DECODE)] == [(1,), (2,), (4,)]
-    assert [x.key for x in b.buckets(PREFILL)] == [(64,), (128,), (192,), (256,)]
+    assert [x.key.values() for x in b.buckets(DECODE)] == [(1,), (2,), (4,)]
+    assert [x.key.values() for x in b.buckets(PREFILL)] == [(64,), (128,), (192,), (256,)]
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"max_num_seqs": 5}, {"block_size": 16, "max_model_len": 100, "num_blocks": 9}])
@@ -62,7 +62,7 @@ def test_mixed_flag_combinations_are_always_pruned(kwargs: dict[str, object]) ->
     for n in b.num_seqs:
         for kv in b.kv_blocks:
             for flag in (T, F):
-                bucket = Bucket(BATCHED, (n, kv, flag, flag))
+                bucket = Bucket(BATCHED, BatchedKey(n, kv, flag, flag))
                 assert bucket not in warm
                 assert "store_out" in pruned[bucket]
 
@@ -99,14 +99,14 @@ def test_pruned_buckets_have_reasons_and_candidates_are_the_full_product(kwargs:
 @pytest.mark.parametrize(
     ("seqs", "blocks", "expected"),
     [
-        (1, 1, Bucket(DECODE, (1,))),
-        (1, 3, Bucket(DECODE, (4,))),
-        (1, 32, Bucket(DECODE, (32,))),
-        (2, 5, Bucket(BATCHED, (2, 8, F, T))),
-        (3, 2, Bucket(BATCHED, (4, 2, T, F))),
-        (4, 17, Bucket(BATCHED, (4, 32, F, T))),
-        (5, 1, Bucket(BATCHED, (8, 1, T, F))),
-        (8, 9, Bucket(BATCHED, (8, 16, F, T))),
+        (1, 1, Bucket(DECODE, DecodeKey(1))),
+        (1, 3, Bucket(DECODE, DecodeKey(4))),
+        (1, 32, Bucket(DECODE, DecodeKey(32))),
+        (2, 5, Bucket(BATCHED, BatchedKey(2, 8, F, T))),
+        (3, 2, Bucket(BATCHED, BatchedKey(4, 2, T, F))),
+        (4, 17, Bucket(BATCHED, BatchedKey(4, 32, F, T))),
+        (5, 1, Bucket(BATCHED, BatchedKey(8, 1, T, F))),
+        (8, 9, Bucket(BATCHED, BatchedKey(8, 16, F, T))),
     ],
 )
 def test_decode_bucket(seqs: int, blocks: int, expected: Bucket) -> None:
@@ -114,20 +114,20 @@ def test_decode_bucket(seqs: int, blocks: int, expected: Bucket) -> None:
     got = b.decode_bucket(seqs, blocks)
     assert got == expected
     if got.kernel == BATCHED:
-        n, _, needs_gather, store_out = got.key
+        n, _, needs_gather, store_out = got.key.values()
         assert needs_gather == (seqs < n) and store_out == (not needs_gather)
     assert got in b.warm_set()
 
 
 def test_decode_bucket_with_odd_max_num_seqs() -> None:
     b = bucketer(max_num_seqs=6)
-    assert b.decode_bucket(5, 1) == Bucket(BATCHED, (6, 1, T, F))
-    assert b.decode_bucket(6, 1) == Bucket(BATCHED, (6, 1, F, T))
+    assert b.decode_bucket(5, 1) == Bucket(BATCHED, BatchedKey(6, 1, T, F))
+    assert b.decode_bucket(6, 1) == Bucket(BATCHED, BatchedKey(6, 1, F, T))
 
 
 def test_decode_bucket_per_sequence_when_batched_is_off_or_single_seq() -> None:
-    assert bucketer(batched_decode=False).decode_bucket(5, 3) == Bucket(DECODE, (4,))
-    assert bucketer(max_num_seqs=1).decode_bucket(1, 3) == Bucket(DECODE, (4,))
+    assert bucketer(batched_decode=False).decode_bucket(5, 3) == Bucket(DECODE, DecodeKey(4))
+    assert bucketer(max_num_seqs=1).decode_bucket(1, 3) == Bucket(DECODE, DecodeKey(4))
 
 
 # -- exactness against the exhaustive walk ---------------------------------------------------
@@ -151,7 +151,7 @@ def pool_size(pool: str, bs: int, L: int) -> int | None:
 @pytest.mark.parametrize("bs", [1, 2, 4, 8])
 @pytest.mark.parametrize(("seqs", "pool"), sorted(GRID_LIMITS))
 def test_warm_set_equals_walked_reachable_set(bs: int, seqs: int, pool: str) -> None:
-    for L in range(1, GRID_LIMITS[seqs, pool] + 1):
+    for L in range(bs + 1, GRID_LIMITS[seqs, pool] + 1):  # the runtime refuses block_size >= max_model_len
         b = bucketer(block_size=bs, max_model_len=L, max_num_seqs=seqs, num_blocks=pool_size(pool, bs, L))
         walked = walked_keys(b)
         warm = b.warm_set()
@@ -184,3 +184,13 @@ def test_tight_pool_warm_set_equals_walk_on_a_larger_config() -> None:
     b = bucketer(block_size=4, max_model_len=20, max_num_seqs=3, num_blocks=7)
     assert b.pruned(), "this config must prune something for the test to mean anything"
     assert walked_keys(b) == b.warm_set()
+
+
+def test_keys_are_typed_per_kernel_and_print_as_tuples() -> None:
+    assert str(Bucket(BATCHED, BatchedKey(2, 4, False, True))) == "batched(2, 4, False, True)"
+    assert str(Bucket(DECODE, DecodeKey(4))) == "decode(4,)"
+    assert Bucket.parse("prefill", [16]) == Bucket(PREFILL, PrefillKey(16))
+    with pytest.raises(TypeError, match="'decode' bucket takes"):
+        Bucket(DECODE, PrefillKey(4))
+    with pytest.raises(ValueError, match="unknown kernel 'gemm'"):
+        Bucket.parse("gemm", [1])

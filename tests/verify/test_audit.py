@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from spyre_verify import faults
@@ -140,12 +140,14 @@ def test_over_pruned_warmup_fails_the_audit_naming_the_missing_bucket(
 
 def test_a_bucketer_that_prunes_a_reachable_bucket_fails_the_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     # Reachable is the walk's set: the bucketer's own pruning is shown, never the yardstick.
-    top = Bucket(BATCHED, (2, 2, False, True))
+    top = Bucket(BATCHED, BatchedKey(2, 2, False, True))
     real = SpyreAttnBucketer._why_not_batched
 
     def over_prune(self: SpyreAttnBucketer, low: int, n: int, kv: int, gather: bool, store: bool) -> str | None:
         return (
-            "pool too small (wrongly)" if (n, kv, gather, store) == top.key else real(self, low, n, kv, gather, store)
+            "pool too small (wrongly)"
+            if BatchedKey(n, kv, gather, store) == top.key
+            else real(self, low, n, kv, gather, store)
         )
 
     monkeypatch.setattr(SpyreAttnBucketer, "_why_not_batched", over_prune)

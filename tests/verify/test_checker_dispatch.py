@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, Bucket
+from runtime.bucketer import BATCHED, DECODE, BatchedKey, Bucket, DecodeKey
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, BatchInfo, DispatchEvent
@@ -46,8 +46,8 @@ def one_block_decode(engine: Engine) -> None:
 
 
 def test_cold_bucket_is_named_with_its_batch_and_nearest_rungs() -> None:
-    checker = attached({Bucket(DECODE, (2,)), Bucket(DECODE, (4,))})
-    checker.on_dispatch(dispatch(Bucket(DECODE, (3,))))
+    checker = attached({Bucket(DECODE, DecodeKey(2)), Bucket(DECODE, DecodeKey(4))})
+    checker.on_dispatch(dispatch(Bucket(DECODE, DecodeKey(3))))
     [v] = checker.violations
     assert (v.kind, v.kernel, v.bucket, v.batch) == ("cold-dispatch", DECODE, "decode(3,)", BATCH.describe())
     assert "step 7" in v.message and "tkv=10" in v.message
@@ -55,30 +55,30 @@ def test_cold_bucket_is_named_with_its_batch_and_nearest_rungs() -> None:
 
 
 def test_batched_cold_bucket_names_nearest_rungs_on_each_ladder() -> None:
-    warm = {Bucket(BATCHED, (n, 3, True, False)) for n in (2, 8)} | {
-        Bucket(BATCHED, (4, k, True, False)) for k in (2, 4)
+    warm = {Bucket(BATCHED, BatchedKey(n, 3, True, False)) for n in (2, 8)} | {
+        Bucket(BATCHED, BatchedKey(4, k, True, False)) for k in (2, 4)
     }
     checker = attached(warm)
-    checker.on_dispatch(dispatch(Bucket(BATCHED, (4, 3, True, False))))
+    checker.on_dispatch(dispatch(Bucket(BATCHED, BatchedKey(4, 3, True, False))))
     [v] = checker.violations
     assert v.bucket == "batched(4, 3, True, False)"
-    assert "dim 0: warmed below 2, above 8" in v.message
-    assert "dim 1: warmed below 2, above 4" in v.message
+    assert "num_seqs: warmed below 2, above 8" in v.message
+    assert "kv_blocks: warmed below 2, above 4" in v.message
 
 
 def test_warm_buckets_and_warmup_dispatches_are_quiet_but_counted() -> None:
-    warm = Bucket(DECODE, (2,))
+    warm = Bucket(DECODE, DecodeKey(2))
     checker = attached({warm})
     checker.on_dispatch(dispatch(warm))
-    checker.on_dispatch(dispatch(Bucket(DECODE, (3,)), phase=WARMUP))
+    checker.on_dispatch(dispatch(Bucket(DECODE, DecodeKey(3)), phase=WARMUP))
     assert checker.ok
-    assert checker.dispatches == {warm: 1, Bucket(DECODE, (3,)): 1}
+    assert checker.dispatches == {warm: 1, Bucket(DECODE, DecodeKey(3)): 1}
 
 
 def test_strict_mode_raises_with_the_violation() -> None:
-    checker = attached({Bucket(DECODE, (2,))}, strict=True)
+    checker = attached({Bucket(DECODE, DecodeKey(2))}, strict=True)
     with pytest.raises(InvariantViolation) as err:
-        checker.on_dispatch(dispatch(Bucket(DECODE, (4,))))
+        checker.on_dispatch(dispatch(Bucket(DECODE, DecodeKey(4))))
     assert [v.bucket for v in err.value.violations] == ["decode(4,)"]
     assert "decode(4,)" in str(err.value)
 
@@ -95,7 +95,7 @@ def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
     cold = [v for v in checker.violations if v.kind == "cold-dispatch"]
     assert [v.bucket for v in cold] == ["decode(1,)"]
     assert "1 seqs, tkv=2" in cold[0].message
-    assert "dim 0: warmed above 2, none below" in cold[0].message  # the override's only rung
+    assert "kv_blocks: warmed above 2, none below" in cold[0].message  # the override's only rung
     assert "None" not in cold[0].message
 
 
@@ -106,18 +106,18 @@ def test_clean_run_reaching_every_kv_rung_is_quiet() -> None:
     engine.warmup()
     one_block_decode(engine)
     assert checker.ok, checker.violations
-    assert Bucket(DECODE, (1,)) in checker.dispatches  # the bucket the fault leaves cold
+    assert Bucket(DECODE, DecodeKey(1)) in checker.dispatches  # the bucket the fault leaves cold
 
 
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 
 
 def test_nearest_warm_never_prints_none() -> None:
-    warm = frozenset({Bucket(DECODE, (4,)), Bucket(BATCHED, (2, 1, False, True))})
-    assert nearest_warm(Bucket(DECODE, (2,)), warm) == "dim 0: warmed above 4, none below"
-    assert nearest_warm(Bucket(DECODE, (8,)), warm) == "dim 0: warmed below 4, none above"
-    assert nearest_warm(Bucket(BATCHED, (4, 2, True, False)), warm) == (
-        "dim 0: no warmed value with the rest of the key equal; dim 1: no warmed value with the rest of the key equal"
+    warm = frozenset({Bucket(DECODE, DecodeKey(4)), Bucket(BATCHED, BatchedKey(2, 1, False, True))})
+    assert nearest_warm(Bucket(DECODE, DecodeKey(2)), warm) == "kv_blocks: warmed above 4, none below"
+    assert nearest_warm(Bucket(DECODE, DecodeKey(8)), warm) == "kv_blocks: warmed below 4, none above"
+    assert nearest_warm(Bucket(BATCHED, BatchedKey(4, 2, True, False)), warm) == (
+        "num_seqs: no warmed value with the rest of the key equal; kv_blocks: no warmed value with the rest of the key equal"
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import spyre_verify.checks.graph_reuse as graph_reuse
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
+from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, DecodeKey, PrefillKey
 from runtime.compiler import KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
@@ -76,7 +76,7 @@ def test_clean_run_is_quiet_and_both_controls_are_detected() -> None:
 
 def test_control_that_reuses_a_warm_graph_reports_the_checker_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, checker = warmed()
-    warm = Bucket(PREFILL, (4,))
+    warm = Bucket(PREFILL, PrefillKey(4))
     qkv = torch.zeros_like(engine.attention.staging.prefill_q[:4])
     exact = Control("exact-reuse", warm, lambda: engine.attention.prefill(0, prefill_md(engine, 4), qkv, qkv, qkv))
     monkeypatch.setattr(graph_reuse, "control_calls", lambda e: [exact])
@@ -139,8 +139,8 @@ def test_controls_travel_the_serving_entry_point_and_leave_the_staging_as_found(
     assert entered == ["prefill"] * 4  # each control twice: refused under the guard, then compiled
     assert (st.prefill_q, st.prefill_k, st.prefill_v) == buffers
     assert {(ev.bucket, ev.phase) for ev in checker.control_compiles} == {
-        (Bucket(PREFILL, (1,)), SERVING),
-        (Bucket(PREFILL, (4,)), SERVING),
+        (Bucket(PREFILL, PrefillKey(1)), SERVING),
+        (Bucket(PREFILL, PrefillKey(4)), SERVING),
     }
 
 
@@ -159,7 +159,7 @@ def test_a_decode_control_is_refused_by_the_guard_and_counted_by_the_backend() -
 
 def test_foreign_stride_control_targets_a_warm_prefill_bucket() -> None:
     engine, _ = warmed()
-    assert stride_control(engine).bucket == Bucket(PREFILL, (4,))
+    assert stride_control(engine).bucket == Bucket(PREFILL, PrefillKey(4))
 
 
 def _forgetful_record(real: Any) -> Any:
@@ -238,7 +238,7 @@ def test_recompile_limit_fallback_shows_calls_without_hits() -> None:
         verify(config, seams, PAIR, [checker], controls=False, coverage=False)
     fallback = {v.bucket for v in checker.violations if v.kind == "eager-fallback"}
     assert fallback == {"prefill(4,)"}  # warmup compiled only the two largest prefill rungs
-    assert checker.calls[Bucket(PREFILL, (4,))] > 0 == checker.hits[Bucket(PREFILL, (4,))]
+    assert checker.calls[Bucket(PREFILL, PrefillKey(4))] > 0 == checker.hits[Bucket(PREFILL, PrefillKey(4))]
 
 
 def test_dynamic_shapes_serve_a_bucket_with_another_buckets_graph() -> None:
@@ -254,7 +254,7 @@ def test_two_graphs_for_one_bucket_and_foreign_hits_are_flagged_once() -> None:
     checker = GraphReuse()
     engine = Engine(TINY, wrap_backend=checker.counter.wrap)
     checker.attach(engine)
-    b, other = Bucket(DECODE, (1,)), Bucket(DECODE, (2,))
+    b, other = Bucket(DECODE, DecodeKey(1)), Bucket(DECODE, DecodeKey(2))
     checker.on_compile(CompileEvent(DECODE, b, WARMUP, 0.1, 0))
     checker.on_compile(CompileEvent(DECODE, b, WARMUP, 0.1, 1))
     engine.attention.serve()

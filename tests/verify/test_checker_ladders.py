@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, CompileEvent
@@ -79,12 +79,12 @@ def test_num_seqs_rung_of_the_builders_own_is_named() -> None:
 
     def three_rung(seqs: int, blocks: int) -> Bucket:
         b = real.decode_bucket(seqs, blocks)
-        return Bucket(BATCHED, (3, b.key[1], False, True)) if seqs == 3 else b
+        return Bucket(BATCHED, BatchedKey(3, b.key.values()[1], False, True)) if seqs == 3 else b
 
     [d] = probe_builder(builder_with(CHECK, decode_bucket=three_rung), CHECK)
     assert (d.kind, d.component, d.dimension) == ("ladder-divergence", "builder", "num_seqs")
     assert "the builder's num_seqs ladder [2, 3, 4] differs from the oracle's [2, 4]" in d.message
-    assert d.shape == ("decode", 3, 0) and d.bucket == Bucket(BATCHED, (3, 1, False, True))
+    assert d.shape == ("decode", 3, 0) and d.bucket == Bucket(BATCHED, BatchedKey(3, 1, False, True))
 
 
 def test_right_ladders_with_a_wrong_key_is_a_key_mismatch() -> None:
@@ -92,7 +92,7 @@ def test_right_ladders_with_a_wrong_key_is_a_key_mismatch() -> None:
 
     def never_gathers(seqs: int, blocks: int) -> Bucket:
         b = real.decode_bucket(seqs, blocks)
-        return Bucket(BATCHED, (*b.key[:2], False, True)) if b.kernel == BATCHED else b
+        return Bucket(BATCHED, BatchedKey(*b.key.values()[:2], False, True)) if b.kernel == BATCHED else b
 
     [d] = probe_builder(builder_with(CHECK, decode_bucket=never_gathers), CHECK)
     assert d.kind == "key-mismatch" and d.shape == ("decode", 3, 0)
@@ -116,9 +116,9 @@ def test_a_builder_that_fails_on_a_valid_shape_is_flagged() -> None:
 
 def test_warmup_ladder_comes_from_compile_events_and_must_sit_on_the_oracles() -> None:
     checker = attached(Engine(CHECK))
-    for b in (Bucket(DECODE, (4,)), Bucket(DECODE, (3,)), Bucket(PREFILL, (8,))):
+    for b in (Bucket(DECODE, DecodeKey(4)), Bucket(DECODE, DecodeKey(3)), Bucket(PREFILL, PrefillKey(8))):
         checker.on_compile(CompileEvent(b.kernel, b, WARMUP, 0.0, 0))
-    checker.on_compile(CompileEvent(DECODE, Bucket(DECODE, (5,)), SERVING, 0.0, 1))  # serving: not warmup's
+    checker.on_compile(CompileEvent(DECODE, Bucket(DECODE, DecodeKey(5)), SERVING, 0.0, 1))  # serving: not warmup's
     checker.finish(SimpleNamespace(config=CHECK))
     [v] = checker.violations
     assert v.kind == "ladder-divergence" and v.bucket == "decode(3,)"
@@ -128,7 +128,7 @@ def test_warmup_ladder_comes_from_compile_events_and_must_sit_on_the_oracles() -
 
 def test_rungs_warmup_lacks_alone_are_not_flagged() -> None:
     # A rung no batch state reaches is rightly never compiled: exactness judges that.
-    assert warm_disagreements([Bucket(DECODE, (4,))], CHECK, "test") == []
+    assert warm_disagreements([Bucket(DECODE, DecodeKey(4))], CHECK, "test") == []
 
 
 def test_strict_mode_raises_at_attach() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.bucketer import BATCHED, PREFILL, Bucket
+from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import BlockTableEvent, KVWriteEvent
@@ -18,7 +18,7 @@ from spyre_verify.session import verify
 from spyre_verify.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")  # pool of 5 blocks
-BUCKET = Bucket(BATCHED, (4, 2, True, False))
+BUCKET = Bucket(BATCHED, BatchedKey(4, 2, True, False))
 # req-a: lp=4 at tkv=5, so entry 0 is padding; req-b: lp=1, both entries real; rows 2, 3 are padding.
 CLEAN = ((0, 1), (2, 3), (0, 0), (0, 0))
 OWNERS = {0: None, 1: "req-a", 2: "req-b", 3: "req-b", 4: None}
@@ -48,7 +48,7 @@ def test_clean_tables_and_writes_are_quiet() -> None:
     c = checker()
     c.on_block_table(table(CLEAN))
     prefill = BlockTableEvent(
-        PREFILL, Bucket(PREFILL, (8,)), 2, ("req-a",), (5,), 8, ((0, 1),), ((0, None), (1, "req-a")), 5, 0
+        PREFILL, Bucket(PREFILL, PrefillKey(8)), 2, ("req-a",), (5,), 8, ((0, 1),), ((0, None), (1, "req-a")), 5, 0
     )
     c.on_block_table(prefill)
     c.on_kv_write(KVWriteEvent("req-b", (9, 14), (2, 3), ("req-b", "req-b"), 9))

@@ -10,7 +10,7 @@ import torch
 
 from runtime import attention
 from runtime.block_pool import NULL_BLOCK
-from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import MetadataBuilder, SeqState
 from runtime.seams import Seams
@@ -79,7 +79,9 @@ def test_over_pruned_drops_exactly_one_reachable_bucket() -> None:
     dropped = faults.dropped_bucket(plan)
     assert set(plan) - set(kept) == {dropped}
     assert dropped is not None and dropped.kernel == BATCHED
-    assert faults.dropped_bucket([Bucket(PREFILL, (4,)), Bucket(DECODE, (2,))]) == Bucket(DECODE, (2,))
+    assert faults.dropped_bucket([Bucket(PREFILL, PrefillKey(4)), Bucket(DECODE, DecodeKey(2))]) == Bucket(
+        DECODE, DecodeKey(2)
+    )
 
 
 def test_over_pruned_on_a_single_bucket_plan_drops_it_and_an_empty_plan_is_left_alone() -> None:
@@ -91,7 +93,7 @@ def test_over_pruned_on_a_single_bucket_plan_drops_it_and_an_empty_plan_is_left_
     # max_model_len 2 with one block a token: one request of one token, so one prefill bucket.
     single = RuntimeConfig(block_size=1, max_model_len=2, max_num_seqs=1, backend="eager")
     config, seams = CATALOG["over-pruned-warmup"].apply(single)
-    assert warm_plan(SpyreAttnBucketer(config)) == [Bucket(PREFILL, (1,))]
+    assert warm_plan(SpyreAttnBucketer(config)) == [Bucket(PREFILL, PrefillKey(1))]
     assert warm_plan(SpyreAttnBucketer(config), seams) == []
 
 
@@ -102,13 +104,13 @@ def test_builder_ladder_faults_patch_the_builders_rounding_only_while_active(nam
     assert config.kv_buckets == (12, 16) and seams == Seams(), "a sparse override, and no seam"
     builder = MetadataBuilder(SpyreAttnBucketer(config))
     row = SeqState("a", (1,), 2, 0)  # one block cached: needs 1 entry
-    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, (3,))
+    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, DecodeKey(3))
     with fault.active():
         md = builder.build_decode([row], 2)
-        assert md.bucket == Bucket(DECODE, (1,)) and md.block_table == ((1,),)
+        assert md.bucket == Bucket(DECODE, DecodeKey(1)) and md.block_table == ((1,),)
         two = builder.build_decode([row, SeqState("b", (2,), 2, 0)], 2)
-        assert two.bucket == Bucket(BATCHED, (2, 1, False, True))
-    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, (3,)), "restored on exit"
+        assert two.bucket == Bucket(BATCHED, BatchedKey(2, 1, False, True))
+    assert builder.build_decode([row], 2).bucket == Bucket(DECODE, DecodeKey(3)), "restored on exit"
     assert isinstance(CATALOG["unpruned-warmup"].active(), contextlib.nullcontext)  # a seam fault patches nothing
 
 

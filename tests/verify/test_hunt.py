@@ -313,7 +313,7 @@ def test_traces_reach_padded_rows_and_pools_at_their_boundary_within_300_example
         lad, per = ladders(config), config.max_blocks_per_seq
         points = [p for p in replay(config, events).points if p.kind == "decode"]
         keys = [decode_key(lad, len(p.seqs), p.tkv) for p in points]
-        seen["gather"] += any(k is not None and k.key[2:3] == (True,) for k in keys)
+        seen["gather"] += any(k is not None and k.key.values()[2:3] == (True,) for k in keys)
         seen["minimum pool"] += config.num_blocks == per + 1
         seen["k-sequence pool"] += config.num_blocks is not None and (config.num_blocks - 1) % per == 0
         seen["rows >= 5"] += any(len(p.seqs) >= 5 for p in points)

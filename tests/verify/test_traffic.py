@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.bucketer import BATCHED, Bucket, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from spyre_verify.oracle.walk import Action, reachable
@@ -103,7 +103,7 @@ def test_a_runtime_that_never_batches_is_a_finding_naming_the_target(monkeypatch
 
 def test_a_rejected_request_is_a_finding_and_leaves_the_engine_idle() -> None:
     engine = Engine(TINY)
-    target = Bucket(BATCHED, (2, 1, False, True))
+    target = Bucket(BATCHED, BatchedKey(2, 1, False, True))
     never_fits = Scenario(target, (Action("join", 1, 3),), (Arrival(0, (1,), 3), Arrival(1, (1,) * 8, 4)))
     miss = run_scenario(engine, never_fits, step_limit(TINY))
     assert miss is not None and miss.startswith(f"{target}: the walk's witness 'join(1, 3)' did not run: RequestError")
