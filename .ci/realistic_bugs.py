@@ -177,7 +177,7 @@ BUGS: list[Bug] = [
     bug(
         "padded-rows-copy-row-0",
         "runtime/metadata.py",
-        "        rows += [(self.padding_block,) * int(width)] * (padded - len(seqs))\n",
+        "        rows += [(self.padding_block,) * width] * (padded - len(seqs))\n",
         "        rows += [rows[0]] * (padded - len(seqs))\n",
         "padded rows of a batched table repeat the first real row (its live blocks)",
         PADROW,
@@ -185,7 +185,7 @@ BUGS: list[Bug] = [
     bug(
         "padded-rows-copy-last-row",
         "runtime/metadata.py",
-        "        rows += [(self.padding_block,) * int(width)] * (padded - len(seqs))\n",
+        "        rows += [(self.padding_block,) * width] * (padded - len(seqs))\n",
         "        rows += [rows[-1]] * (padded - len(seqs))\n",
         "padded rows of a batched table repeat the last real row (its live blocks)",
         PADROW,
@@ -423,16 +423,16 @@ BUGS: list[Bug] = [
     bug(
         "decode-positions-use-tkv",
         "runtime/engine.py",
-        "        positions = torch.tensor([r.num_cached for r in running], device=dev)\n",
-        "        positions = torch.tensor([md.tkv for _ in running], device=dev)\n",
+        "        x = self._forward(md, list(plan.inputs), [r.num_cached for r in plan.rows])\n",
+        "        x = self._forward(md, list(plan.inputs), [md.tkv for _ in plan.rows])\n",
         "decode embeds every row at the batch position tkv instead of its own position",
         ENGINE,
     ),
     bug(
         "prefill-logits-from-last-padded-position",
         "runtime/engine.py",
-        "            logits = self.model.logits(x[tkv - 1 : tkv])\n",
-        "            logits = self.model.logits(x[-1:])\n",
+        "        return self._pick((md.request_id,), self.model.logits(x[tkv - 1 : tkv]))\n",
+        "        return self._pick((md.request_id,), self.model.logits(x[-1:]))\n",
         "prefill samples from the last padded position, wrong when a join is right-padded",
         ENGINE,
     ),

@@ -1,9 +1,6 @@
-"""Attention kernels over a paged KV cache, written for static shapes.
-
-Every value that changes between calls of one bucket (tkv, left padding, block
-ids) is a tensor, so Dynamo guards only on shapes, strides and the two Python
-flags of the batched kernel. `mask_padding=False` is the `mask-leak` fault seam.
-"""
+"""Attention kernels over a paged KV cache, written for static shapes: whatever changes
+between calls of one bucket (tkv, left padding, block ids) is a tensor, so Dynamo guards only on
+shapes, strides and the batched kernel's two flags. `mask_padding=False` is the `mask-leak` fault."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""BlockPool: fixed KV blocks with block 0 reserved as the null (padding) block.
-
-A request first reserves every block it can ever need (admission), then draws
-them one by one as its sequence grows, so a running request never runs dry.
-"""
+"""BlockPool: fixed KV blocks, block 0 reserved as the null (padding) block. A request
+reserves every block it can ever need when admitted, then draws them one by one as it
+grows, so a running request never runs dry."""
 
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ class BlockPool:
         self._owner: dict[int, str] = {}
         self._reserved: dict[str, int] = {}
 
-    # -- capacity -------------------------------------------------------------
     @property
     def usable(self) -> int:
         return self.num_blocks - 1
@@ -34,7 +31,6 @@ class BlockPool:
     def can_allocate(self, n: int) -> bool:
         return 0 <= n <= self.num_free
 
-    # -- reservations -----------------------------------------------------------
     can_reserve = can_allocate  # a reservation draws on the same free blocks
 
     def reserve(self, owner: str, n: int) -> None:
@@ -49,7 +45,6 @@ class BlockPool:
         """Drop what is left of an owner's reservation."""
         self._reserved.pop(owner, None)
 
-    # -- allocation ---------------------------------------------------------------
     def allocate(self, owner: str, n: int = 1) -> list[int]:
         """Hand out n blocks, drawing on the owner's reservation first."""
         if n < 0:
@@ -61,10 +56,8 @@ class BlockPool:
             )
         blocks = [self._free.popleft() for _ in range(n)]
         if from_reservation:
-            left = self._reserved[owner] - from_reservation
-            if left:
-                self._reserved[owner] = left
-            else:
+            self._reserved[owner] -= from_reservation
+            if not self._reserved[owner]:
                 del self._reserved[owner]
         for b in blocks:
             assert b != NULL_BLOCK and b not in self._owner
@@ -85,7 +78,6 @@ class BlockPool:
             del self._owner[b]
             self._free.append(b)
 
-    # -- queries -------------------------------------------------------------------
     def owner_of(self, block: int) -> str | None:
         return self._owner.get(block)
 

@@ -1,9 +1,6 @@
 """SpyreAttnBucketer: the single source of truth for every ladder and every bucket.
-
-The metadata builder, the warmup recorder and the harness all read ladders from
-here. Enumeration prunes exactly the buckets no valid batch state can dispatch to
-(see `runtime.reachability`), and keeps the reason for each.
-"""
+Enumeration prunes exactly the buckets no valid batch state can dispatch to (closed
+form in `runtime.reachability`) and keeps the reason for each."""
 
 from __future__ import annotations
 
@@ -89,7 +86,6 @@ class SpyreAttnBucketer:
         self.prefill_tokens = ladders.prefill_ladder(bs, L)
         self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks)
 
-    # -- rounding -----------------------------------------------------------------
     def kv_rung(self, blocks: int) -> int:
         return ladders.round_up(self.kv_blocks, blocks, "KV blocks")
 
@@ -102,7 +98,6 @@ class SpyreAttnBucketer:
     def ladders(self) -> dict[str, tuple[int, ...]]:
         return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "prefill_tokens": self.prefill_tokens}
 
-    # -- dispatch -----------------------------------------------------------------
     def uses_batched(self, seqs: int) -> bool:
         return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.min_batched_seqs
 
@@ -118,7 +113,6 @@ class SpyreAttnBucketer:
     def prefill_bucket(self, tokens: int) -> Bucket:
         return Bucket(PREFILL, PrefillKey(self.prefill_rung(tokens)))
 
-    # -- enumeration ------------------------------------------------------------------
     @cached_property
     def _verdicts(self) -> dict[Bucket, str | None]:
         """Every candidate bucket mapped to None (reachable) or the reason it is pruned."""
@@ -148,7 +142,6 @@ class SpyreAttnBucketer:
         """The naive full product of ladders and flags, before pruning."""
         return iter(sorted(self._verdicts))
 
-    # -- reasons ------------------------------------------------------------------------
     def _kv_members(self, kv: int) -> range:
         return range(ladders.rung_below(self.kv_blocks, kv) + 1, kv + 1)
 

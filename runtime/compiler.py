@@ -1,10 +1,7 @@
 """KernelRunner: one attention kernel under torch.compile, with exact compile accounting.
-
-A thin recording backend wraps the configured one. Every graph it compiles is tied
-to the bucket of the call that triggered it and is wrapped so that each call it
-serves counts as a graph hit. Calls that no graph serves (Dynamo's silent eager
-fallback past `recompile_limit`) show up as calls without hits.
-"""
+A recording backend wraps the configured one: each graph is tied to the bucket whose call compiled
+it, and each call it serves counts as a graph hit, so calls no graph serves (Dynamo's silent eager
+fallback past `recompile_limit`) show up as calls without hits."""
 
 from __future__ import annotations
 

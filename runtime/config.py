@@ -164,8 +164,10 @@ OPTIONAL = ("num_blocks", "kv_buckets", "recompile_limit")
 # fmt: off
 RULES: tuple[Rule, ...] = (
     ("block_size", lambda v, c: _count(v), POSITIVE),
-    ("block_size", lambda v, c: not v & (v - 1), "must be a power of two (1, 2, 4, ... 64)"),
+    ("block_size", lambda v, c: not v & (v - 1), "must be a power of two (1, 2, 4, 8, ...)"),
     ("max_model_len", lambda v, c: _count(v), POSITIVE),
+    ("block_size", lambda v, c: v < c.max_model_len, "must be below max_model_len={c.max_model_len}: a prompt pads "
+     "to whole blocks and needs room for one generated token, so no request could ever fit"),
     ("max_model_len", lambda v, c: c.max_blocks_per_seq <= MAX_BLOCKS_PER_SEQ,
      f"needs {{c.max_blocks_per_seq}} blocks of block_size={{c.block_size}} per sequence, above the supported "
      f"{MAX_BLOCKS_PER_SEQ}; raise block_size or lower max_model_len"),
@@ -189,6 +191,7 @@ RULES: tuple[Rule, ...] = (
     ("kv_buckets[]", lambda v, c: v <= _top(c),
      lambda v, c: f"bucket {v} is above max_model_len={c.max_model_len} (rounded up to a block: {_top(c)})"),
     ("kv_buckets[]", lambda v, c: (c.kv_buckets or ()).count(v) == 1, "duplicate bucket {v}"),
+    ("kv_buckets", lambda v, c: list(v) == sorted(v), lambda v, c: f"must be increasing: write {_csv(sorted(v))}"),
     ("kv_buckets", lambda v, c: max(v) >= c.max_model_len,
      lambda v, c: f"top rung {max(v)} does not cover max_model_len={c.max_model_len}; add {_top(c)}"),
     ("num_blocks", lambda v, c: _count(v) and v <= MAX_NUM_BLOCKS, f"{POSITIVE}, at most {MAX_NUM_BLOCKS}"),
@@ -199,12 +202,13 @@ RULES: tuple[Rule, ...] = (
 # fmt: on
 
 
+def _csv(v: object) -> str:  # a KV ladder as its env variable is written: '512,2048'
+    return repr(",".join(map(str, v)) if isinstance(v, (tuple, list)) else v)
+
+
 def _named(field: str, value: object) -> str:
     """How a refusal names its input: kv_buckets also by its env variable, written as the variable is."""
-    if field != "kv_buckets":
-        return f"{field}={value!r}"
-    shown = ",".join(map(str, value)) if isinstance(value, tuple) else repr(value)
-    return f"kv_buckets ({ENV_KV_BUCKETS})={shown!r}"
+    return f"kv_buckets ({ENV_KV_BUCKETS})={_csv(value)}" if field == "kv_buckets" else f"{field}={value!r}"
 
 
 def validate(c: RuntimeConfig) -> None:

@@ -8,26 +8,16 @@ from typing import Any
 
 import torch
 
+from runtime import events as ev
 from runtime.block_pool import NULL_BLOCK, BlockPool
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.compiler import BackendWrapper, compile_limits, set_dynamo_config
 from runtime.config import RuntimeConfig
-from runtime.events import (
-    BatchInfo,
-    BlockTableEvent,
-    DispatchEvent,
-    EventBus,
-    KVWriteEvent,
-    RequestEvent,
-    StateEvent,
-    StepEvent,
-)
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
 from runtime.scheduler import Scheduler, StepPlan
-from runtime.seams import Seams
-from runtime.warmup import WarmupRecorder
+from runtime.warmup import Seams, WarmupRecorder
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.seams = seams
-        self.events = EventBus()
+        self.events = ev.EventBus()
         self.bucketer = SpyreAttnBucketer(config)
         self.pool = BlockPool(config.total_blocks)
         self.builder = MetadataBuilder(self.bucketer)
@@ -83,7 +73,6 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- lifecycle ------------------------------------------------------------------------
     def subscribe(self, observer: Any) -> Callable[[], None]:
         return self.events.subscribe(observer)
 
@@ -95,7 +84,7 @@ class Engine:
         self.outputs[rid] = []
         if self.events.wants("request"):
             req = self.scheduler.waiting[-1]
-            self.events.emit("request", RequestEvent(rid, req.prompt, req.max_tokens))
+            self.events.emit("request", ev.RequestEvent(rid, req.prompt, req.max_tokens))
         return rid
 
     def has_work(self) -> bool:
@@ -110,68 +99,59 @@ class Engine:
 
     def step(self) -> StepResult:
         """Schedule, run the kernels on the plan, postprocess: nano-vllm's three calls."""
-        plan = self.scheduler.schedule()
+        sched = self.scheduler
+        plan = sched.schedule()
         if plan is None:
-            assert not self.scheduler.waiting, "an empty batch always admits the head of the queue"
+            assert not sched.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
+        self._emit_batch(plan)
         tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
-        finished = tuple(r.request_id for r in self.scheduler.postprocess(tokens))
-        kind, bucket = plan.kind, plan.bucket
+        finished = tuple(r.request_id for r in sched.postprocess(tokens))
         if self.events.wants("step"):
-            self.events.emit("step", StepEvent(self.steps, kind, bucket, finished))
+            self.events.emit("step", ev.StepEvent(self.steps, plan.kind, plan.bucket, finished))
         if self.events.wants("state"):
             admitted = plan.admission.request_id if plan.admission else None
-            self.events.emit("state", self._state(kind, admitted, finished))
+            waiting = tuple(r.request_id for r in sched.waiting)
+            rows, free = sched.row_states(), self.pool.num_free
+            self.events.emit(
+                "state", ev.StateEvent(self.steps, plan.kind, admitted, sched.tkv, rows, waiting, finished, free)
+            )
         self.steps += 1
-        return StepResult(kind, bucket, finished)
+        return StepResult(plan.kind, plan.bucket, finished)
 
-    def _state(self, kind: str, admitted: str | None, finished: tuple[str, ...]) -> StateEvent:
-        sched = self.scheduler
-        waiting = tuple(r.request_id for r in sched.waiting)
-        return StateEvent(
-            self.steps, kind, admitted, sched.tkv, sched.row_states(), waiting, finished, self.pool.num_free
-        )
-
-    # -- model passes ---------------------------------------------------------------------------
+    @torch.no_grad()
     def _run_prefill(self, plan: StepPlan) -> list[int]:
         md = plan.metadata
         assert isinstance(md, PrefillMetadata)
-        dev, width = self.config.device, md.tokens
-        lp, tkv, rid = md.left_pad, md.tkv, md.request_id
-        tokens = [0] * lp + list(plan.inputs) + [0] * (width - tkv)
-        positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(width)]
-        self._emit_dispatch(md.bucket, (rid,), (md.prompt_len,), (lp,), tkv)
-        self._emit_table(md.bucket, (rid,), (lp,), tkv, (md.block_table,))
-        slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
-        self._emit_writes((rid,), [md.slots])
-        with torch.no_grad():
-            x = self.model.embed(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))
-            for layer in range(len(self.model.layers)):
-                q, k, v = self.model.qkv(layer, x)
-                self.attention.write_kv(layer, slots, k[lp:tkv], v[lp:tkv])
-                x = self.model.finish_layer(layer, x, self.attention.prefill(layer, md, q, k, v))
-            logits = self.model.logits(x[tkv - 1 : tkv])
-        return self._pick((rid,), logits)
+        lp, tkv = md.left_pad, md.tkv
+        tokens = [0] * lp + list(plan.inputs) + [0] * (md.tokens - tkv)
+        positions = [max(0, min(j - lp, self.config.max_model_len - 1)) for j in range(md.tokens)]
+        x = self._forward(md, tokens, positions)
+        return self._pick((md.request_id,), self.model.logits(x[tkv - 1 : tkv]))
 
+    @torch.no_grad()
     def _run_decode(self, plan: StepPlan) -> list[int]:
         md = plan.metadata
         assert isinstance(md, DecodeMetadata)
-        dev, running = self.config.device, plan.rows
-        self._emit_dispatch(md.bucket, md.request_ids, md.seq_lens, md.left_pads, md.tkv)
-        self._emit_table(md.bucket, md.request_ids, md.left_pads, md.tkv, md.block_table)
-        self._emit_writes(md.request_ids, [(slot,) for slot in md.slots])
         self.attention.stage_decode(md)
-        inputs = torch.tensor(plan.inputs, device=dev)
-        positions = torch.tensor([r.num_cached for r in running], device=dev)
+        x = self._forward(md, list(plan.inputs), [r.num_cached for r in plan.rows])
+        return self._pick(md.request_ids, self.model.logits(x))
+
+    def _forward(self, md: PrefillMetadata | DecodeMetadata, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """The model's layers around paged attention; only real tokens' K and V are cached."""
+        dev = self.config.device
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
-        with torch.no_grad():
-            x = self.model.embed(inputs, positions)
-            for layer in range(len(self.model.layers)):
-                q, k, v = self.model.qkv(layer, x)
-                self.attention.write_kv(layer, slots, k, v)
-                x = self.model.finish_layer(layer, x, self.attention.decode(layer, md, q))
-            logits = self.model.logits(x)
-        return self._pick(md.request_ids, logits)
+        real = slice(md.left_pad, md.tkv) if isinstance(md, PrefillMetadata) else slice(None)
+        x = self.model.embed(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))
+        for layer in range(len(self.model.layers)):
+            q, k, v = self.model.qkv(layer, x)
+            self.attention.write_kv(layer, slots, k[real], v[real])
+            if isinstance(md, PrefillMetadata):
+                attn = self.attention.prefill(layer, md, q, k, v)
+            else:
+                attn = self.attention.decode(layer, md, q)
+            x = self.model.finish_layer(layer, x, attn)
+        return x
 
     def _pick(self, rids: tuple[str, ...], logits: torch.Tensor) -> list[int]:
         tokens = logits.argmax(dim=-1).tolist()
@@ -181,30 +161,25 @@ class Engine:
                 self.events.emit("token", TokenEvent(rid, t, row.detach().clone(), self.steps))
         return tokens
 
-    # -- events ----------------------------------------------------------------------------------
-    def _emit_dispatch(
-        self, bucket: Bucket, rids: tuple[str, ...], lens: tuple[int, ...], pads: tuple[int, ...], tkv: int
-    ) -> None:
-        if self.events.wants("dispatch"):
-            batch = BatchInfo(rids, lens, pads, tkv)
-            phase = self.attention.runners[bucket.kernel].phase
-            self.events.emit("dispatch", DispatchEvent(bucket.kernel, bucket, batch, phase, self.steps))
-
-    def _emit_table(
-        self, bucket: Bucket, rids: tuple[str, ...], pads: tuple[int, ...], tkv: int, table: tuple[tuple[int, ...], ...]
-    ) -> None:
-        if self.events.wants("block_table"):
-            ids = sorted({b for row in table for b in row})
-            owners = tuple((b, self.pool.owner_of(b)) for b in ids)
-            ev = BlockTableEvent(
-                bucket.kernel, bucket, self.steps, rids, pads, tkv, table, owners, self.pool.num_blocks, NULL_BLOCK
-            )
-            self.events.emit("block_table", ev)
-
-    def _emit_writes(self, rids: tuple[str, ...], slots_per_request: list[tuple[int, ...]]) -> None:
-        if self.events.wants("kv_write"):
-            bs = self.config.block_size
-            for rid, slots in zip(rids, slots_per_request, strict=True):
-                blocks = tuple(s // bs for s in slots)
-                owners = tuple(self.pool.owner_of(b) for b in blocks)
-                self.events.emit("kv_write", KVWriteEvent(rid, slots, blocks, owners, self.steps))
+    def _emit_batch(self, plan: StepPlan) -> None:
+        """A planned step's dispatch, block table and KV writes, before its kernels run."""
+        md, bus, step = plan.metadata, self.events, self.steps
+        if isinstance(md, DecodeMetadata):
+            rids, lens, pads, table = md.request_ids, md.seq_lens, md.left_pads, md.block_table
+            slots: list[tuple[int, ...]] = [(s,) for s in md.slots]
+        else:
+            rids, lens, pads, table = (md.request_id,), (md.prompt_len,), (md.left_pad,), (md.block_table,)
+            slots = [md.slots]
+        bucket, kernel = md.bucket, md.bucket.kernel
+        if bus.wants("dispatch"):
+            phase = self.attention.runners[kernel].phase
+            bus.emit("dispatch", ev.DispatchEvent(kernel, bucket, ev.BatchInfo(rids, lens, pads, md.tkv), phase, step))
+        if bus.wants("block_table"):
+            owners = tuple((b, self.pool.owner_of(b)) for b in sorted({b for row in table for b in row}))
+            args = (rids, pads, md.tkv, table, owners, self.pool.num_blocks, NULL_BLOCK)
+            bus.emit("block_table", ev.BlockTableEvent(kernel, bucket, step, *args))
+        if bus.wants("kv_write"):
+            for rid, written in zip(rids, slots, strict=True):
+                blocks = tuple(s // self.config.block_size for s in written)
+                holders = tuple(self.pool.owner_of(b) for b in blocks)
+                bus.emit("kv_write", ev.KVWriteEvent(rid, written, blocks, holders, step))

@@ -1,9 +1,6 @@
-"""The event interface: how observers (the harness, loggers) see the runtime.
-
-An observer is any object with some of the `on_<kind>` methods below. The runtime
-builds an event only when someone listens (`EventBus.wants`), so an engine with no
-observer pays one cached lookup per emit site.
-"""
+"""The event interface: an observer is any object with some of the `on_<kind>` methods below.
+An event is built only when someone listens (`EventBus.wants`), so an engine with no observer
+pays one cached lookup per emit site."""
 
 from __future__ import annotations
 

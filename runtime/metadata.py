@@ -1,8 +1,5 @@
-"""The decode (and prefill) metadata builder: batch state in, kernel inputs out.
-
-It computes no ladder of its own: every rung comes from the bucketer. Block tables
-are made rectangular with the null block, and only real tokens get a KV slot.
-"""
+"""The metadata builder: batch state in, kernel inputs out. Every rung comes from the bucketer;
+block tables are made rectangular with the null block, and only real tokens get a KV slot."""
 
 from __future__ import annotations
 

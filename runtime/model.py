@@ -1,8 +1,5 @@
-"""A tiny seeded transformer: no download, no hub, deterministic greedy decoding.
-
-The layer is split at the attention call, so the engine can run attention through
-the paged, compiled kernels while the reference runs it contiguous and eager.
-"""
+"""A tiny seeded transformer: no download, deterministic greedy decoding. The layer is split at
+the attention call, so the engine runs attention through the paged, compiled kernels."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ import math
 import torch
 
 from runtime.config import RuntimeConfig
-from runtime.kv_cache import torch_dtype
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -25,7 +21,7 @@ class TinyTransformer:
 
         def w(*shape: int) -> torch.Tensor:
             t = torch.randn(*shape, generator=gen) / math.sqrt(shape[0])
-            return t.to(dtype=torch_dtype(config.dtype), device=config.device)
+            return t.to(dtype=getattr(torch, config.dtype), device=config.device)
 
         h, dev = m.hidden_size, config.device
         self.embedding = w(m.vocab_size, h) * math.sqrt(m.vocab_size)

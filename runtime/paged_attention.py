@@ -1,9 +1,6 @@
-"""PagedAttention: the three compiled kernels, their staging buffers and the KV cache.
-
-Every kernel call reads its inputs from, and writes its output to, fixed staging
-buffers sized for the largest bucket, so the shapes and strides Dynamo guards on
-are identical in warmup and in serving (gpt-fast's static-shape discipline).
-"""
+"""PagedAttention: the three compiled kernels, their staging buffers and the paged KV cache.
+Every call reads its inputs from, and writes its output to, fixed staging buffers sized for the
+largest bucket, so the shapes and strides Dynamo guards on are identical in warmup and serving."""
 
 from __future__ import annotations
 
@@ -16,14 +13,29 @@ from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, Decod
 from runtime.compiler import BackendWrapper, KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
-from runtime.kv_cache import KVCache, torch_dtype
 from runtime.metadata import DecodeMetadata, PrefillMetadata
+
+
+class KVCache:
+    """Per layer, K and V of shape [num_blocks, block_size, heads, head_dim]."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        m = config.model
+        shape = (config.total_blocks, config.block_size, m.num_heads, m.head_dim)
+        dtype, dev = getattr(torch, config.dtype), config.device
+        self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one K/V row per slot; slots are only ever given to real tokens."""
+        heads, dim = k.shape[-2], k.shape[-1]
+        self.k[layer].view(-1, heads, dim).index_copy_(0, slots, k)
+        self.v[layer].view(-1, heads, dim).index_copy_(0, slots, v)
 
 
 class StagingBuffers:
     def __init__(self, config: RuntimeConfig, max_blocks: int, max_tokens: int) -> None:
-        m, dev = config.model, config.device
-        dt = torch_dtype(config.dtype)
+        m, dev, dt = config.model, config.device, getattr(torch, config.dtype)
         s, h, d = config.max_num_seqs, m.num_heads, m.head_dim
         self.q = torch.zeros(s, h, d, dtype=dt, device=dev)
         self.out = torch.zeros(s, h, d, dtype=dt, device=dev)
@@ -55,7 +67,6 @@ class PagedAttention:
         for r in self.runners.values():
             r.serve()
 
-    # -- decode ---------------------------------------------------------------------
     def stage_decode(self, md: DecodeMetadata) -> None:
         """Copy one step's metadata into the staging buffers (once per step, not per layer)."""
         st, n = self.staging, md.padded_seqs
@@ -96,7 +107,6 @@ class PagedAttention:
         views = (st.q[:n], st.out[:n], k_cache, v_cache, st.block_table[:n, :k], st.left_pads[:n], st.row_real[:n])
         return (*views, st.tkv, needs_gather, store_out)
 
-    # -- prefill ------------------------------------------------------------------------
     def prefill(
         self, layer: int, md: PrefillMetadata, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:

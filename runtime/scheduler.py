@@ -1,12 +1,9 @@
 """The continuous-batching scheduler: admission, tkv, left padding, shift and strip.
 
-Pure Python over the block pool and the metadata builder. A step is two calls, as in
-nano-vllm: `schedule()` decides it and lays it out as a tensor-free `StepPlan` (the
-kernel, its metadata, the rows, any admission), the engine runs the kernels on the
-plan, and `postprocess(tokens)` applies the results (tokens, finishes, frees, strip).
-This is the one implementation of the step; tensor-free callers drive the same two
-calls with stand-in tokens. Every rule is the contract's (DESIGN "Positions and
-bucket keys"), and the invariants are asserted where they must hold.
+A step is two calls, as in nano-vllm: `schedule()` lays it out as a tensor-free `StepPlan`,
+the engine runs the kernels on it, and `postprocess(tokens)` applies the results. This is
+the one implementation of the step: tensor-free callers drive the same two calls with
+stand-in tokens. The rules are DESIGN's "Positions and bucket keys".
 """
 
 from __future__ import annotations
@@ -89,7 +86,6 @@ class Scheduler:
         self._ids: set[str] = set()
         self._plan: StepPlan | None = None  # scheduled, not yet postprocessed
 
-    # -- requests ---------------------------------------------------------------------
     def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
         """Check a request without touching any state; raise RequestError naming the fault."""
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
@@ -132,15 +128,10 @@ class Scheduler:
         self.waiting.append(Request(rid, tokens, mt))
         return rid
 
-    # -- one step -------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
-        """Decide the next step and lay it out; None when there is nothing it can do.
-
-        The head of the queue joins when it fits (a longer one shifts the batch first)
-        and is prefilled; otherwise every row gets the block its next token lands in,
-        and the whole batch decodes. A plan whose kernels raised (it was never
-        postprocessed) is handed out again: the step is retried, not planned twice.
-        """
+        """The next step, laid out; None when there is nothing to do. The head of the queue is
+        prefilled when it fits, else the batch decodes. A plan whose kernels raised (never
+        postprocessed) is handed out again: the step is retried, not planned twice."""
         if self._plan is not None:
             return self._plan
         adm = self.next_admission()
@@ -171,7 +162,6 @@ class Scheduler:
             self.tkv += 1  # every decoded row cached one more token
         return self._settle()
 
-    # -- admission ----------------------------------------------------------------------
     def next_admission(self) -> Admission | None:
         """The head of the queue, if it can join now (arrival order: nobody overtakes it)."""
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
@@ -205,7 +195,6 @@ class Scheduler:
         self.running.append(req)
         return req
 
-    # -- decode --------------------------------------------------------------------------
     def _grow_for_decode(self) -> None:
         """Give every row the block its next token lands in."""
         for r in self.running:
@@ -218,15 +207,11 @@ class Scheduler:
         return [r.seq_state() for r in self.running]
 
     def row_states(self) -> tuple[RowState, ...]:
-        """The running rows as the engine's state event reports them."""
+        rows = ((r, self.pool.reserved(r.request_id)) for r in self.running)
         return tuple(
-            RowState(
-                r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), self.pool.reserved(r.request_id)
-            )
-            for r in self.running
+            RowState(r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), n) for r, n in rows
         )
 
-    # -- completion -------------------------------------------------------------------------
     def _settle(self) -> list[Request]:
         done = [r for r in self.running if r.remaining == 0]
         for r in done:
@@ -250,11 +235,5 @@ class Scheduler:
     def snapshot(self) -> tuple[object, ...]:
         """Everything a bad request must leave untouched."""
         rows = tuple((r.request_id, r.left_pad, tuple(r.blocks), tuple(r.output)) for r in self.running)
-        return (
-            self.tkv,
-            rows,
-            tuple(r.request_id for r in self.waiting),
-            self.pool.snapshot(),
-            self._next_id,
-            frozenset(self._ids),
-        )
+        waiting = tuple(r.request_id for r in self.waiting)
+        return (self.tkv, rows, waiting, self.pool.snapshot(), self._next_id, frozenset(self._ids))

@@ -1,13 +1,28 @@
-"""WarmupRecorder: compile every enumerated bucket, largest first, on the staging buffers."""
+"""WarmupRecorder: compile every enumerated bucket, largest first, on the staging buffers.
+
+`Seams` are the warmup recipe's injection points, each defaulting to the correct
+behaviour. Faults elsewhere are patched into the component they break; the recipe
+keeps seams because its plan is data that the hunt and the exactness checks compute
+without an engine (`warm_plan`), so a fault in it travels with the config.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from runtime.bucketer import Bucket, SpyreAttnBucketer
+from runtime.bucketer import KERNELS, Bucket, SpyreAttnBucketer
 from runtime.events import WARMUP, CompileEvent
 from runtime.paged_attention import PagedAttention
-from runtime.seams import Seams
+
+
+@dataclass(frozen=True)
+class Seams:
+    warmup_kernels: tuple[str, ...] = KERNELS
+    # Rewrites the warm list warmup compiles (None: exactly the bucketer's enumeration).
+    warmup_buckets: Callable[[list[Bucket]], list[Bucket]] | None = None
+    # Record on fresh tensors instead of the staging buffers.
+    warmup_fresh_tensors: bool = False
 
 
 def warm_plan(bucketer: SpyreAttnBucketer, seams: Seams = Seams()) -> list[Bucket]:

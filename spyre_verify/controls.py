@@ -60,8 +60,10 @@ def kill_table(
     workload: list[Arrival] | None = None,
     names: list[str] | None = None,
     progress: Progress | None = None,
+    rows: list[KillRow] | None = None,
 ) -> list[KillRow]:
-    rows = []
+    """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps them)."""
+    rows = [] if rows is None else rows
     for name in names or list(faults.CATALOG):
         if progress:
             progress(f"control: {name}")

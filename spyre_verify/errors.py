@@ -8,3 +8,14 @@ class UsageError(ValueError):
     A ValueError, so callers of the library functions that raise it (`faults.get`,
     `profiles.get_settings`) can keep catching what they caught before.
     """
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a long run, carrying the run so far (`partial`) for a partial report.
+
+    A KeyboardInterrupt, so a caller that does not look for it still stops as on any Ctrl-C.
+    """
+
+    def __init__(self, partial: object) -> None:
+        super().__init__()
+        self.partial = partial

@@ -3,7 +3,7 @@
 A fault in the builder or the kernels is patched into the component it breaks, at its
 module boundary, for the length of a run (`Fault.patch`), the way a developer would
 write the bug, so no seam can give it away. A fault in the warmup recipe sets a
-`runtime.seams.Seams` field, and a compile fault a config knob. Each names the checker
+`runtime.warmup.Seams` field, and a compile fault a config knob. Each names the checker
 that must catch it. `spyre-verify controls` proves each one is caught; a checker whose
 fault slips through is itself broken.
 
@@ -25,7 +25,7 @@ from runtime import attention
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
 
 

@@ -3,13 +3,19 @@
 Registered through the `pytest11` entry point, so a runtime team's own suite gets
 `spyre_engine` (every always-on checker attached, strict), `graph_audit` and
 `dispatch_log` by installing the package.
+
+The fixtures' config is built once, at start-up, as the CLI builds its own: the options
+first, then the SPYRE_* env overrides on top (`RuntimeConfig.from_env`). A bad option or
+env value stops pytest there with a usage error, instead of failing every test one by one.
+An empty shard of a non-empty selection exits 0, not 5, so a CI matrix of shards stays green.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +35,12 @@ if TYPE_CHECKING:
 # torch and the runtime are imported inside the hooks and fixtures that need them, so
 # collecting a suite (or running one shard of it) does not pay for importing torch.
 
+# What the hooks hand each other: this shard's counts (K, N, its tests, all selected tests),
+# the fixtures' config, and the line explaining an exit 0 on an empty run.
+_SHARD_KEY = pytest.StashKey[tuple[int, int, int, int]]()
+_CONFIG_KEY = pytest.StashKey["RuntimeConfig"]()
+_EMPTY_KEY = pytest.StashKey[str]()
+
 MARKERS = {
     "inductor": "compiles with inductor (about 5 s a graph on CPU)",
     "device": "needs a CUDA device; skipped with the reason when there is none",
@@ -40,8 +52,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("spyre-verify", "attention bucketing verification")
     g.addoption("--attn-shards", type=int, default=1, help="split the collected tests into N disjoint shards")
     g.addoption("--attn-shard-id", type=int, default=0, help="which shard (0..N-1) this run executes")
-    g.addoption("--spyre-backend", default="eager", help="Dynamo backend of the spyre_* fixtures")
-    g.addoption("--spyre-device", default="cpu", help="device of the spyre_* fixtures (cpu, cuda)")
+    g.addoption(
+        "--spyre-backend",
+        default="eager",
+        help="Dynamo backend of the spyre_* fixtures: eager, aot_eager or inductor (SPYRE_DYNAMO_BACKEND overrides it)",
+    )
+    g.addoption("--spyre-device", default="cpu", help="device of the spyre_* fixtures: cpu, cuda or cuda:N")
+    g.addoption(
+        "--spyre-empty-ok",
+        action="store_true",
+        help="exit 0, not 5, when no test is selected at all (an empty shard of a non-empty selection always does)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,6 +73,35 @@ def pytest_configure(config: pytest.Config) -> None:
     n, k = config.getoption("attn_shards"), config.getoption("attn_shard_id")
     if n < 1 or not 0 <= k < n:
         raise pytest.UsageError(f"--attn-shards={n} --attn-shard-id={k}: need N >= 1 and 0 <= K < N")
+    if not config.getoption("help", False):
+        config.stash[_CONFIG_KEY] = fixture_config(config, os.environ)
+
+
+# The spyre_* fixtures' config before options and env: small enough to warm in seconds.
+FIXTURE_CONFIG = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4}
+
+
+def fixture_config(config: pytest.Config, env: Mapping[str, str]) -> RuntimeConfig:
+    """The fixtures' config: the options, then the SPYRE_* env on top, as the CLI reads them;
+    anything the runtime would refuse is a `pytest.UsageError` naming the option or variable."""
+    from runtime.config import BACKENDS, RuntimeConfig
+    from runtime.errors import ConfigError
+
+    backend, device = config.getoption("spyre_backend"), config.getoption("spyre_device")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(f"--spyre-backend={backend!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
+    cuda = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if device != "cpu" and cuda is None:
+        raise pytest.UsageError(f"--spyre-device={device!r}: must be cpu, cuda or cuda:N")
+    if cuda is not None:
+        found = _cuda_devices()
+        if int(cuda[1] or 0) >= found:
+            raise pytest.UsageError(f"--spyre-device={device}: this machine has {found} CUDA device(s)")
+    try:
+        return RuntimeConfig.from_env(env, **FIXTURE_CONFIG, backend=backend, device=device)
+    except ConfigError as e:
+        shown = ", ".join(f"{k}={v}" for k, v in FIXTURE_CONFIG.items())
+        raise pytest.UsageError(f"the spyre_* fixtures' config ({shown}) is refused: {e}") from None
 
 
 def stable_id(item: pytest.Item) -> str:
@@ -78,9 +128,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
     config.stash[_SHARD_KEY] = (k, n, len(keep), len(keep) + len(drop))
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller collects nothing itself
+        config.workeroutput["attn_shard"] = config.stash[_SHARD_KEY]
 
 
-_SHARD_KEY = pytest.StashKey[tuple[int, int, int, int]]()
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist's controller: the shard's counts, from a worker that collected it."""
+    shard = getattr(node, "workeroutput", {}).get("attn_shard")
+    if shard is not None:
+        node.config.stash[_SHARD_KEY] = tuple(shard)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # pytest exits 5 when nothing ran. An empty shard of a non-empty selection is a normal
+    # part of a CI matrix; an empty selection is not (a `-k` typo), unless --spyre-empty-ok.
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED or hasattr(session.config, "workerinput"):
+        return
+    shard = session.config.stash.get(_SHARD_KEY, None)
+    if shard is not None and shard[3] > 0:
+        k, n, _, total = shard
+        why = f"attn shard {k}/{n} is empty: none of the {total} selected tests falls to it; exit 0, not 5"
+    elif session.config.getoption("spyre_empty_ok"):
+        why = "no tests selected; --spyre-empty-ok: exit 0, not 5"
+    else:
+        return
+    session.config.stash[_EMPTY_KEY] = why
+    session.exitstatus = pytest.ExitCode.OK
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
@@ -91,9 +165,9 @@ def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    line = pytest_report_collectionfinish(config)
-    if line:
-        terminalreporter.write_line(line)
+    for line in (pytest_report_collectionfinish(config), config.stash.get(_EMPTY_KEY, None)):
+        if line:
+            terminalreporter.write_line(line)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -107,19 +181,18 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 # -- fixtures -------------------------------------------------------------------------------
 @pytest.fixture
 def spyre_config(request: pytest.FixtureRequest) -> RuntimeConfig:
-    """A small config (block 4, 16 tokens, 4 seqs) on the chosen backend and device."""
-    from runtime.config import RuntimeConfig
-
-    return RuntimeConfig(
-        block_size=4,
-        max_model_len=16,
-        max_num_seqs=4,
-        backend=request.config.getoption("spyre_backend"),
-        device=request.config.getoption("spyre_device"),
-    )
+    """A small config (block 4, 16 tokens, 4 seqs) on the chosen backend and device, with the
+    SPYRE_* env overrides applied as the CLI applies them (read and checked at start-up)."""
+    return request.config.stash[_CONFIG_KEY]
 
 
 @pytest.fixture

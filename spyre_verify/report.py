@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,20 @@ def md_title(kind: str, verdict: str, fault: str | None) -> list[str]:
     return [*lines, f"Run under the seeded fault `{fault}`.", ""] if fault else lines
 
 
-def table(rows: list[list[str]], header: list[str]) -> str:
-    """A Markdown table; also readable as plain text on a terminal."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+CELL_WIDTH = 100  # a longer cell wraps onto continuation rows
+
+
+def _wrapped(row: list[str], width: int) -> list[list[str]]:
+    """One table row as one or more: a long cell wraps between words onto the rows below it, with
+    the other cells left blank there, so a message is never cut and the table stays valid Markdown."""
+    wrap = textwrap.TextWrapper(width, break_long_words=False, break_on_hyphens=False)
+    cells = [[t.replace("|", "\\|") for t in wrap.wrap(str(x))] or [""] for x in row]
+    return [[c[i] if i < len(c) else "" for c in cells] for i in range(max(map(len, cells)))]
+
+
+def table(rows: list[list[str]], header: list[str], width: int = CELL_WIDTH) -> str:
+    """A Markdown table; also readable as plain text on a terminal. Cells longer than `width` wrap."""
+    body = [r for row in rows for r in _wrapped(row, width)]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
+    line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])

@@ -14,7 +14,7 @@ from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import DispatchEvent
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify import serve_loop
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
@@ -90,6 +90,16 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return not self.violations and self.error is None
+
+
+def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
+    """Why a run that verified nothing must fail, or None: a green run has to have served traffic."""
+    if accepted and steps:
+        return None
+    return (
+        f"verified nothing: {accepted} requests served ({rejected} refused) in {steps} steps; "
+        "a run must serve at least one request, so check the config and the workload"
+    )
 
 
 def serve(
@@ -181,6 +191,8 @@ def verify(
             result.error = f"{stage} crashed: {first_line(e)}"
         result.serve_seconds = time.perf_counter() - t0
         result.steps = engine.steps
+        if result.error is None:
+            result.error = served_nothing(result.requests, result.rejected, result.steps)
         result.dispatch = {str(b): n for b, n in sorted(log.counts().items())}
         for c in checkers:
             try:

@@ -18,12 +18,13 @@ from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import DispatchEvent, RequestEvent, StepEvent
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
+from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
 from spyre_verify.session import always_on
@@ -132,6 +133,8 @@ class SoakResult:
             )
         if self.mismatched:
             out.append(f"{len(self.mismatched)} of {len(self.sampled)} sampled requests differ from the reference")
+        if not self.tracker.finished:
+            out.append(f"verified nothing: no request finished ({self.submitted} submitted)")
         if not self.sampled and self.options.sample:
             out.append("no request was compared with the reference")
         return out
@@ -221,6 +224,10 @@ def soak(
         except Exception as e:  # the runtime under test raised: a finding with the batch it served
             crash.record("serving", e)
             result.error = f"serving crashed: {first_line(e)}"
+        except KeyboardInterrupt:  # Ctrl-C: hand back the counts and violations so far, for a partial report
+            result.serve_seconds, result.steps = time.perf_counter() - t0, engine.steps
+            result.error = f"interrupted (Ctrl-C) while serving, at step {engine.steps}"
+            raise Interrupted(result) from None
         result.serve_seconds = time.perf_counter() - t0
         result.steps = engine.steps
         for c in checkers:

@@ -28,7 +28,7 @@ from runtime.bucketer import Bucket, Pruned
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import CallEvent, CompileEvent, DispatchEvent, GraphHitEvent
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders

@@ -110,6 +110,8 @@ def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
         "calls_equal_graph_hits": all(r.stats.calls == r.stats.hits and r.stats.preflight != "eager" for r in table),
         "controls_detected": len(controls) >= 2 and all(c.detected for c in controls) and not result.controls_error,
         "traffic_completed": result.traffic.crash is None,
+        # A table with no reachable bucket would pass every condition above without testing anything.
+        "something_served": any(r.reachable and r.stats.own_hits for r in table),
     }
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from runtime.events import DispatchEvent, RequestEvent, StepEvent
-from runtime.reference import generate
 from spyre_verify.checks.violations import Checker
+from spyre_verify.oracle.reference import generate
 
 
 class OutputEquivalence(Checker):

@@ -16,6 +16,7 @@ from typing import Any
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
 from spyre_verify.bench.figures import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing
 from spyre_verify.bench.run import run_figures
+from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
@@ -26,12 +27,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--quick", action="store_true", help="CI mode: small sizes, fewer repeats, eager by default")
     p.add_argument(
         "--backend",
+        choices=BACKENDS,
         default=None,
-        help=f"Dynamo backend of the compiled figures: {', '.join(BACKENDS)} "
-        f"(default: ${ENV_BACKEND}, else inductor; eager with --quick)",
+        help=f"Dynamo backend of the compiled figures (default: ${ENV_BACKEND}, else inductor; eager with --quick)",
     )
     p.add_argument(
-        "--repeats", default=None, help=f"repeats per figure (default {FULL.repeats}; {QUICK.repeats} quick)"
+        "--repeats",
+        type=Count("--repeats", 1, 1000),
+        default=None,
+        help=f"repeats per figure (default: {FULL.repeats}; {QUICK.repeats} with --quick)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (the table goes to stderr)")
@@ -50,12 +54,7 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         backend = parse_backend(os.environ[ENV_BACKEND], ENV_BACKEND)
     else:
         backend = mode.backend
-    repeats = mode.repeats
-    if args.repeats is not None:
-        text = str(args.repeats).strip()
-        if not (text.isascii() and text.isdigit()) or int(text) < 1:
-            raise UsageError(f"--repeats={args.repeats!r}: must be an integer >= 1")
-        repeats = int(text)
+    repeats = mode.repeats if args.repeats is None else args.repeats
     only = FIGURES
     if args.only is not None:
         only = tuple(x.strip() for x in str(args.only).split(","))
@@ -101,6 +100,8 @@ def render(p: dict[str, Any]) -> str:
     for f in p["figures"]:
         target = "-" if f["target"] is None else f"{f['direction']} {_num(f['target'], f['unit'])}"
         met = {True: "yes", False: "NO", None: "-"}[f["met"]]
+        if f["target"] is not None and not f["judged"]:
+            met = f"not judged (target is for {f['judged_under']})"
         rows.append(
             [
                 f["id"],

@@ -1,64 +1,136 @@
 """`spyre-verify check`: the main job. Warm up, serve a seeded workload with every
-checker attached, issue the control calls, run the fault catalog, write reports."""
+checker attached, issue the control calls, run the fault catalog, write reports.
+
+Ctrl-C writes what is done so far as a partial report (`"interrupted": true`, verdict
+`interrupted`): the passes that finished, and the faults of the catalog already run."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spyre_verify import faults
+from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.check_report import markdown, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.controls import kill_table, run_fault
+from spyre_verify.controls import KillRow, kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
-from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
-from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
-from spyre_verify.session import verify
+from spyre_verify.report import (
+    DEFAULT_DIR,
+    SCHEMA_VERSION,
+    config_payload,
+    environment,
+    md_title,
+    write_atomic,
+    write_json,
+)
+from spyre_verify.session import RunResult, verify
 from spyre_verify.workload import seeded_workload
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="the main job: warm up, serve, check every invariant, run the controls")
-    add_config_flags(p, **CHECK_DEFAULTS)
-    p.add_argument("--requests", type=int, default=CHECK_REQUESTS, help="requests in the seeded workload")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fault", default=faults.from_env(), help=f"run under a seeded fault (or {faults.FAULT_ENV})")
+    add_config_flags(p, backend=str(CHECK_DEFAULTS["backend"]))
+    p.add_argument(
+        "--requests", type=Count("--requests", 1, MAX_REQUESTS), default=CHECK_REQUESTS, help="seeded requests"
+    )
+    p.add_argument("--seed", type=seed(), default=0, help="seed of the workload")
+    p.add_argument(
+        "--fault",
+        choices=faults.CATALOG,
+        metavar="FAULT",
+        default=faults.from_env(),
+        help=f"run under a seeded fault instead ({faults.FAULT_ENV}): %(choices)s",
+    )
     p.add_argument("--no-controls", action="store_true", help="skip the fault catalog")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
 
 
+@dataclass
+class Done:
+    """What a run has finished so far, for a partial report on Ctrl-C."""
+
+    stage: str = "the main pass"
+    result: RunResult | None = None
+    per_seq: RunResult | None = None
+    rows: list[KillRow] = field(default_factory=list)
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.fault is not None:
-        faults.get(args.fault)  # a bad name is a usage error before anything runs
-    if args.requests < 1:
-        raise UsageError(f"--requests={args.requests}: must be at least 1")
+        faults.get(args.fault)  # SPYRE_VERIFY_FAULT, which argparse does not check
     single_thread()
     work = seeded_workload(config, args.requests, args.seed)
-    rows, per_seq = None, None
-    if args.fault:
-        say(f"running under fault {args.fault}: {faults.get(args.fault).description}")
-        result = run_fault(config, args.fault, work, progress=say)
-    else:
-        result = verify(config, workload=work, progress=say)
-        if config.batched_decode:
-            # With batched decode on, the per-sequence kernel only ever serves one row.
-            say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
-            per_seq = verify(config.with_(batched_decode=False), workload=work, controls=False, progress=say)
-        if not args.no_controls:
-            say(f"fault catalog: {len(faults.CATALOG)} faults, each in a fresh compile state")
-            rows = kill_table(config, work, progress=say)
-    p = payload(result, rows, per_seq)
     name = f"check-{args.fault}" if args.fault else "check"
+    done = Done()
+    try:
+        if args.fault:
+            say(f"running under fault {args.fault}: {faults.get(args.fault).description}")
+            done.result = run_fault(config, args.fault, work, progress=say)
+        else:
+            done.result = verify(config, workload=work, progress=say)
+            if config.batched_decode:
+                # With batched decode on, the per-sequence kernel only ever serves one row.
+                done.stage = "the per-sequence pass"
+                say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
+                no_batched = config.with_(batched_decode=False)
+                done.per_seq = verify(no_batched, workload=work, controls=False, progress=say)
+            if not args.no_controls:
+                say(f"fault catalog: {len(faults.CATALOG)} faults, each in a fresh compile state")
+                done.stage = "the fault catalog"
+                kill_table(config, work, progress=say, rows=done.rows)
+    except KeyboardInterrupt:
+        path = write_partial(args.out, name, config, args.fault, done)
+        raise KeyboardInterrupt(f"partial report in {path}") from None
+    assert done.result is not None  # every path above sets it or raised
+    p = payload(done.result, None if args.no_controls or args.fault else done.rows, done.per_seq)
+    p["interrupted"] = False
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
-    if args.json:
-        print(json.dumps(p, indent=2))
-    else:
-        print(markdown(p))
+    print(json.dumps(p, indent=2) if args.json else markdown(p))
     say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
+    say(verdict_line(p))
     return 0 if p["verdict"] == "pass" else 1
+
+
+def verdict_line(p: dict[str, Any]) -> str:
+    """The last line of a run, as soak and audit end: the verdict and the figures behind it."""
+    failing = [c["name"] for c in p["checks"] if c["violations"]]
+    cov = p["coverage"]
+    parts = [
+        f"{sum(len(c['violations']) for c in p['checks'])} violations"
+        + (f" ({', '.join(failing)})" if failing else ""),
+        f"served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets",
+        f"tokens match the reference: {'yes' if p['tokens_match_reference'] else 'NO'}",
+    ]
+    if p["controls"] is not None:
+        parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught")
+    if p["per_sequence_pass"] is not None:
+        parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
+    if p["error"]:
+        parts.append(f"serving stopped early: {p['error']}")
+    return f"check {p['verdict'].upper()}: {', '.join(parts)}"
+
+
+def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Done) -> Path:
+    """The report of an interrupted run: every pass that finished, marked `"interrupted": true`."""
+    why = f"Interrupted (Ctrl-C) during {done.stage}: this report holds only the passes that finished."
+    if done.result is not None:
+        p = payload(done.result, done.rows or None, done.per_seq)
+        md = markdown({**p, "verdict": "interrupted"}) + f"\n{why}\n"
+    else:
+        p = {"schema_version": SCHEMA_VERSION, "kind": "check", "fault": fault, "config": config_payload(config)}
+        p["environment"] = environment(config.device, config.backend)
+        md = "\n".join([*md_title("check", "interrupted", fault), why, ""])
+    if done.stage == "the fault catalog":
+        done.stage += f" ({len(done.rows)} of {len(faults.CATALOG)} run)"
+    p |= {"verdict": "interrupted", "interrupted": True, "interrupted_during": done.stage}
+    write_atomic(out / f"{name}.md", md)
+    return write_json(out / f"{name}.json", p)

@@ -71,7 +71,7 @@ def markdown(p: dict[str, Any]) -> str:
             ch["name"],
             ch["status"],
             str(len(ch["violations"])),
-            ch["violations"][0]["message"][:120] if ch["violations"] else "",
+            ch["violations"][0]["message"] if ch["violations"] else "",
         ]
         for ch in p["checks"]
     ]
@@ -81,7 +81,7 @@ def markdown(p: dict[str, Any]) -> str:
         lines += ["## Control calls", "", table(rows, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
     if p["controls"] is not None:
         rows = [
-            [r["fault"], r["expected_checker"], "yes" if r["caught"] else "NO", r["first_violation"][:100]]
+            [r["fault"], r["expected_checker"], "yes" if r["caught"] else "NO", r["first_violation"]]
             for r in p["controls"]
         ]
         lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]

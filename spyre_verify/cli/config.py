@@ -1,4 +1,11 @@
-"""Config flags shared by every command, turned into a RuntimeConfig (env overrides applied)."""
+"""Config flags shared by every command, turned into a RuntimeConfig (env overrides applied).
+
+Every command has one default config, the main job's embedded one (`defaults.CHECK_DEFAULTS`:
+block_size 4, max_model_len 16, max_num_seqs 4, a pool of 8 blocks). A size flag replaces
+its own default; the pool then defaults to the runtime's (max_num_seqs * ceil(max_model_len /
+block_size) + 1) unless --num-blocks is given, since 8 blocks fit only the embedded sizes.
+Only the backend differs by command (`add_config_flags(backend=...)`).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,37 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.config import BACKENDS, MAX_DIGITS, RuntimeConfig
+from runtime.config import BACKENDS, ENV_BACKEND, MAX_DIGITS, RuntimeConfig
 from runtime.errors import ConfigError
+from spyre_verify.defaults import CHECK_DEFAULTS
+
+SIZES = ("block_size", "max_model_len", "max_num_seqs")
+DEFAULT_POOL = CHECK_DEFAULTS["num_blocks"]
+RUNTIME_POOL = "max_num_seqs * ceil(max_model_len / block_size) + 1"
 
 
-def add_config_flags(p: argparse.ArgumentParser, **defaults: Any) -> None:
+def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> None:
+    """The size flags (defaults as the module says) and `--backend` (default `backend`, else the runtime's)."""
     g = p.add_argument_group(
         "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND)"
     )
-    g.add_argument("--block-size", default=defaults.get("block_size"), help="tokens per KV block")
-    g.add_argument("--max-model-len", default=defaults.get("max_model_len"), help="longest sequence in tokens")
-    g.add_argument("--max-num-seqs", default=defaults.get("max_num_seqs"), help="largest batch")
-    g.add_argument("--num-blocks", default=defaults.get("num_blocks"), help="pool size override, null block included")
-    g.add_argument("--backend", default=defaults.get("backend"), help=f"Dynamo backend: {', '.join(BACKENDS)}")
+    d = CHECK_DEFAULTS
+    g.add_argument("--block-size", help=f"tokens per KV block, a power of two (default: {d['block_size']})")
+    g.add_argument(
+        "--max-model-len",
+        help=f"longest sequence in tokens, above the block size (default: {d['max_model_len']})",
+    )
+    g.add_argument("--max-num-seqs", help=f"largest batch (default: {d['max_num_seqs']})")
+    g.add_argument(
+        "--num-blocks",
+        help=f"pool size, null block included (default: {DEFAULT_POOL} with no size flag, else {RUNTIME_POOL})",
+    )
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=backend,
+        help=f"Dynamo backend; {ENV_BACKEND} overrides it (default: {backend or RuntimeConfig.backend})",
+    )
 
 
 def _int_flag(name: str, value: object) -> int | None:
@@ -37,12 +62,17 @@ def _int_flag(name: str, value: object) -> int | None:
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None, **extra: Any) -> RuntimeConfig:
-    """Flags first, then the plugin's env variables on top, as the real runtime does."""
+    """Flags first (the defaults as the module says), then the plugin's env variables on top, as the
+    real runtime does."""
     kwargs: dict[str, Any] = dict(extra)
-    for flag in ("block_size", "max_model_len", "max_num_seqs", "num_blocks"):
+    for flag in (*SIZES, "num_blocks"):
         v = _int_flag(flag.replace("_", "-"), getattr(args, flag, None))
         if v is not None:
             kwargs[flag] = v
+    if not any(k in kwargs for k in (*SIZES, "num_blocks")):
+        kwargs["num_blocks"] = DEFAULT_POOL
+    for k in SIZES:
+        kwargs.setdefault(k, CHECK_DEFAULTS[k])
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
     return RuntimeConfig.from_env(os.environ if env is None else env, **kwargs)

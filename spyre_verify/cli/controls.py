@@ -7,6 +7,7 @@ import argparse
 import json
 
 from spyre_verify import faults
+from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import run_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
@@ -17,18 +18,24 @@ from spyre_verify.workload import seeded_workload
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("controls", help="run the clean config and every seeded fault; print the kill table")
-    add_config_flags(p, **CHECK_DEFAULTS)
-    p.add_argument("--fault", action="append", help="run only this fault (repeatable)")
-    p.add_argument("--requests", type=int, default=CHECK_REQUESTS)
-    p.add_argument("--seed", type=int, default=0)
+    add_config_flags(p, backend=str(CHECK_DEFAULTS["backend"]))
+    p.add_argument(
+        "--fault",
+        action="append",
+        choices=faults.CATALOG,
+        metavar="FAULT",
+        help="run only this fault (repeatable; default: the whole catalog): %(choices)s",
+    )
+    p.add_argument(
+        "--requests", type=Count("--requests", 1, MAX_REQUESTS), default=CHECK_REQUESTS, help="seeded requests"
+    )
+    p.add_argument("--seed", type=seed(), default=0, help="seed of the workload")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    for name in args.fault or []:
-        faults.get(name)
     single_thread()
     work = seeded_workload(config, args.requests, args.seed)
     clean, rows = run_catalog(config, work, args.fault, say)
@@ -53,10 +60,16 @@ def run(args: argparse.Namespace) -> int:
         print(
             table(
                 [
-                    [r.fault, r.expected, "yes" if r.caught else "NO", ", ".join(r.caught_by), r.first_violation[:90]]
+                    [r.fault, r.expected, "yes" if r.caught else "NO", ", ".join(r.caught_by), r.first_violation]
                     for r in rows
                 ],
                 ["fault", "expected checker", "caught", "flagged by", "first violation"],
             )
         )
+    missed = [r.fault for r in rows if not r.caught]
+    say(
+        f"controls {'PASS' if ok else 'FAIL'}: clean run {'quiet' if quiet else 'NOT quiet'}, "
+        f"{len(rows) - len(missed)} of {len(rows)} faults caught by their checker"
+        + (f"; missed: {', '.join(missed)}" if missed else "")
+    )
     return 0 if ok else 1

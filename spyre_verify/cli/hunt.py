@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from typing import Any
 import hypothesis
 
 from spyre_verify import faults
+from spyre_verify.cli import replay
+from spyre_verify.cli.args import SEED_MAX, Count, seed
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.properties import PROPERTIES
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
@@ -30,6 +33,7 @@ from spyre_verify.profiles import ENV, HUNT, get_settings
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
 
 DEFAULT_DATABASE = Path(".hypothesis") / "hunt"
+MAX_WORKERS = 256  # processes, each a fresh interpreter
 # The checkers whose rules the hunt holds without compiling; a fault judged by another
 # (graph reuse, output equivalence) is invisible to it.
 OBSERVES = ("dispatch-coverage", "warmup-exactness", "ladder-agreement", "padding-validity", "contract-conformance")
@@ -37,11 +41,15 @@ OBSERVES = ("dispatch-coverage", "warmup-exactness", "ladder-agreement", "paddin
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("hunt", help="search configs and batch states for ladder divergences (Hypothesis, no compiling)")
-    p.add_argument("--examples", type=int, default=None, help="examples per property (default: the profile's)")
-    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: random, printed)")
-    p.add_argument("--control", metavar="FAULT", default=None, help="hunt under a fault from the catalog")
-    p.add_argument("--workers", type=int, default=1, help="processes sharing one example database")
-    p.add_argument("--database", type=Path, default=DEFAULT_DATABASE, help=f"example database dir ({DEFAULT_DATABASE})")
+    p.add_argument("--examples", type=Count("--examples"), help="examples per property (default: the profile's)")
+    p.add_argument("--seed", type=seed(), help=f"Hypothesis seed, 0 to {SEED_MAX} (default: random, printed)")
+    p.add_argument(
+        "--control", choices=faults.CATALOG, metavar="FAULT", help="hunt under a fault from the catalog: %(choices)s"
+    )
+    p.add_argument(
+        "--workers", type=Count("--workers", 1, MAX_WORKERS), default=1, help="processes sharing one example database"
+    )
+    p.add_argument("--database", type=Path, default=DEFAULT_DATABASE, help="example database directory")
     p.add_argument("--hypothesis-profile", default=None, help=f"ci, dev or hunt (default: ${ENV}, else {HUNT})")
     p.add_argument("--property", action="append", choices=list(PROPERTIES), help="run only these (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
@@ -51,10 +59,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str]:
     """Validate the flags (a UsageError is exit 2) and resolve profile, seed and examples."""
-    if args.control is not None:
-        faults.get(args.control)
-    if args.workers < 1:
-        raise UsageError(f"--workers={args.workers}: must be at least 1")
     profile = args.hypothesis_profile or os.environ.get(ENV) or HUNT
     base = get_settings(profile)
     examples = base.max_examples if args.examples is None else args.examples
@@ -143,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     p = payload(plan, source, args.workers, runs, seconds)
     name = f"hunt-{plan.fault}" if plan.fault else "hunt"
+    for i, f in enumerate(p["findings"], 1):
+        f["reproducer"] = reproducer(args.out / f"{name}.json", i, f, plan)
     path = write_json(args.out / f"{name}.json", p)
     if args.json:
         print(json.dumps(p, indent=2))
@@ -169,8 +175,22 @@ def _describe(f: dict[str, Any]) -> str:
             if key == "warm_ladder":
                 value = {k: v for k, v in value.items() if k != "buckets"}
             lines.append(f"  {key}: {json.dumps(value) if not isinstance(value, str) else value}")
-    if f["reproducer"]:
-        lines.append(f"  reproduce: {f['reproducer']}")
+    lines.append(f"  reproduce: {f['reproducer']}")
     if f["pytest"]:
-        lines.append(f"  pytest:    {f['pytest']}")
+        # Unindented, so that it pastes into a test file as is; a blank line ends it.
+        lines += ["  pytest: this test fails the same way (paste it into a test file):", f["pytest"], ""]
     return "\n".join(lines)
+
+
+def reproducer(report: Path, index: int, f: dict[str, Any], plan: HuntPlan) -> str:
+    """One shell line that exits 1 showing this finding: a replay of its stored case, or, when
+    the runtime raised before a case was drawn, this hunt again on that property alone."""
+    line = replay.command(report, index, f)
+    if line is not None:
+        return line
+    argv = ["spyre-verify", "hunt", "--property", f["property"], "--examples", str(plan.examples)]
+    argv += ["--seed", str(plan.seed)] if plan.seed is not None else []
+    argv += ["--control", plan.fault] if plan.fault else []
+    argv += ["--hypothesis-profile", str(plan.profile)] if plan.profile else []
+    argv += ["--database", str(plan.database)] if plan.database else []
+    return shlex.join(argv)

@@ -48,6 +48,12 @@ def run(args: argparse.Namespace) -> int:
         f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
         f"pool={c.total_blocks} blocks ({c.usable_blocks} usable)"
     )
+    if c.max_model_len % c.block_size:  # legal, and said: the ladders count whole blocks
+        top = c.max_blocks_per_seq * c.block_size
+        print(
+            f"   note: max_model_len={c.max_model_len} is not a multiple of block_size={c.block_size}: a sequence "
+            f"holds at most {c.max_model_len} tokens, but padded shapes round up to whole blocks ({top} tokens)"
+        )
     for name, ladder in b.ladders().items():
         print(f"{name:>15}: {list(ladder)}")
     for k in KERNELS:

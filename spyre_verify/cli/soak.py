@@ -11,18 +11,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from runtime.seams import Seams
+from runtime.config import RuntimeConfig
+from runtime.warmup import Seams
 from spyre_verify import faults
 from spyre_verify.checks.violations import Violation
+from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
-from spyre_verify.errors import UsageError
+from spyre_verify.errors import Interrupted
 from spyre_verify.messages import say
 from spyre_verify.report import (
     DEFAULT_DIR,
@@ -37,51 +38,48 @@ from spyre_verify.report import (
 from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
 
 FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
-MAX_REQUESTS = 1_000_000  # the workload is built up front
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this class private
     d = SoakOptions()
     p = sub.add_parser("soak", help="serve thousands of random requests with every checker and a leak audit")
-    add_config_flags(p, **CHECK_DEFAULTS)
-    p.add_argument("--requests", type=int, default=d.requests, help="requests to submit")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the workload and of the reference sample")
-    p.add_argument("--sample", type=int, default=d.sample, help="finished requests compared with the reference")
-    p.add_argument("--integrity-every", type=int, default=d.integrity_every, help="steps between KV-integrity checks")
-    p.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds of serving before the run stops")
-    p.add_argument("--fault", default=None, help=f"run under a seeded fault: {', '.join(faults.CATALOG)}")
+    add_config_flags(p, backend=str(CHECK_DEFAULTS["backend"]))
+    p.add_argument(
+        "--requests", type=Count("--requests", 1, MAX_REQUESTS), default=d.requests, help="requests to submit"
+    )
+    p.add_argument("--seed", type=seed(), default=d.seed, help="seed of the workload and of the reference sample")
+    p.add_argument(
+        "--sample", type=Count("--sample", 0), default=d.sample, help="finished requests compared with the reference"
+    )
+    p.add_argument(
+        "--integrity-every", type=Count("--integrity-every"), default=d.integrity_every, help="steps between KV checks"
+    )
+    p.add_argument(
+        "--time-limit", type=Seconds("--time-limit"), default=d.time_limit, help="seconds of serving, then it stops"
+    )
+    p.add_argument("--fault", choices=faults.CATALOG, metavar="FAULT", help="run under a seeded fault: %(choices)s")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
 
 
-def options(args: argparse.Namespace) -> SoakOptions:
-    """Validate the soak's own flags; a bad value is a UsageError (exit 2)."""
-    if not 1 <= args.requests <= MAX_REQUESTS:
-        raise UsageError(f"--requests={args.requests}: must be between 1 and {MAX_REQUESTS}")
-    if args.sample < 0:
-        raise UsageError(f"--sample={args.sample}: must be 0 or more")
-    if args.integrity_every < 1:
-        raise UsageError(f"--integrity-every={args.integrity_every}: must be at least 1")
-    if not math.isfinite(args.time_limit) or args.time_limit <= 0:
-        raise UsageError(f"--time-limit={args.time_limit}: must be a positive number of seconds")
-    if args.fault is not None:
-        faults.get(args.fault)
-    return SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
-
-
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    opts = options(args)
+    opts = SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
     seams = Seams()
     if opts.fault:
         config, seams = faults.get(opts.fault).apply(config)
         say(f"running under fault {opts.fault}: {faults.get(opts.fault).description}")
     single_thread()
-    with faults.active(opts.fault):  # a fault patched into the runtime's code holds for the whole soak
-        result = soak(config, opts, seams, progress=say)
-    p = payload(result)
     name = f"soak-{opts.fault}" if opts.fault else "soak"
+    try:
+        with faults.active(opts.fault):  # a fault patched into the runtime's code holds for the whole soak
+            result = soak(config, opts, seams, progress=say)
+    except KeyboardInterrupt as e:  # during serving the soak hands back its counts so far; before it, nothing
+        partial = e.partial if isinstance(e, Interrupted) and isinstance(e.partial, SoakResult) else None
+        path = write_partial(args.out / name, config, opts, partial)
+        raise KeyboardInterrupt(f"partial report in {path}") from None
+    p = payload(result)
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
     print(json.dumps(p, indent=2) if args.json else markdown(p))
@@ -91,6 +89,21 @@ def run(args: argparse.Namespace) -> int:
     return 0 if p["verdict"] == "pass" else 1
 
 
+def write_partial(stem: Path, config: RuntimeConfig, opts: SoakOptions, r: SoakResult | None) -> Path:
+    """The report of an interrupted soak: the counts and violations so far (no leak audit and
+    no reference sample, which need a finished run), marked `"interrupted": true`."""
+    p = payload(r) if r is not None else {"schema_version": SCHEMA_VERSION, "kind": "soak", "fault": opts.fault}
+    p |= {"verdict": "interrupted", "interrupted": True}
+    if r is None:
+        p |= {"config": {**config_payload(config), "env_overrides": config.env_overrides()}}
+        p |= {"options": dataclasses.asdict(opts), "error": "interrupted (Ctrl-C) during warmup, before serving"}
+        md = "\n".join([*md_title("soak", "interrupted", opts.fault), str(p["error"]), ""])
+    else:
+        md = markdown(p)
+    write_atomic(stem.with_suffix(".md"), md)
+    return write_json(stem.with_suffix(".json"), p)
+
+
 def payload(r: SoakResult) -> dict[str, Any]:
     c, t, o = r.config, r.tracker, r.options
     config = config_payload(c)
@@ -98,6 +111,7 @@ def payload(r: SoakResult) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "kind": "soak",
         "verdict": "fail" if r.reasons() else "pass",
+        "interrupted": False,
         "reasons": r.reasons(),
         "fault": o.fault,
         "config": {**config, "env_overrides": c.env_overrides()},
@@ -217,6 +231,6 @@ def markdown(p: dict[str, Any]) -> str:
         )
         lines += ["## Live padding", "", f"{who}{lp['count']} live-padding entries in all, e.g. {lp['message']}", ""]
     if p["violations"]["first"]:
-        rows = [[v["check"], v["kind"], v["message"][:140]] for v in p["violations"]["first"]]
+        rows = [[v["check"], v["kind"], v["message"]] for v in p["violations"]["first"]]
         lines += ["## First violations", "", table(rows, ["check", "kind", "message"]), ""]
     return "\n".join(lines)

@@ -1,13 +1,15 @@
-"""A hunt finding: the shrunk config, the batch state, the bucket, the warm ladder it missed,
-and two one-line reproducers (a shell line with the env overrides, and a pytest line).
+"""A hunt finding: the shrunk config, the batch state, the bucket and the warm ladder it missed,
+and a pytest test that re-runs its property on exactly this case (`Finding.test_body`).
 
-Also how the hunt tells the runtime's crashes (findings) from its own (internal errors).
+(`spyre-verify replay`, in `cli/replay.py`, reads a finding back from its report entry.) Also
+how the hunt tells the runtime's crashes (findings) from its own (internal errors).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import shlex
+import re
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,9 @@ CHECKS = {
 }
 RUNTIME_DIR = str(Path(runtime.__file__).parent)
 HARNESS_DIR = str(Path(spyre_verify.__file__).parent)
+RUNTIME_CONFIG = "from runtime.config import RuntimeConfig"
+# The last line of every test body: fail naming each finding as the hunt names it.
+ASSERT = "assert not found, '\\n'.join(f.headline for f in found)"
 
 
 def _where(e: BaseException) -> traceback.FrameSummary | None:
@@ -59,7 +64,26 @@ def crash(
     first = str(e).splitlines()[0] if str(e) else ""
     notes = "".join(f" ({n})" for n in getattr(e, "__notes__", ()))
     msg = f"the runtime raised {type(e).__name__}{at}: {first}{notes}"
-    return Finding(prop, "runtime-error", msg, fault, config, events=tuple(events) if events else None)
+    drawn = drawn_case(e) if config is None else None
+    details = {"kwargs": drawn[0], "env": drawn[1]} if drawn else {}
+    return Finding(prop, "runtime-error", msg, fault, config, events=tuple(events) if events else None, details=details)
+
+
+# The note `strategies.draw_config` adds to a refusal of the config it was drawing.
+_DRAWING = re.compile(r"drawing RuntimeConfig\.from_env\((\{.*?\}), \*\*(\{.*\})\)")
+
+
+def drawn_case(e: BaseException) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """(kwargs, env) of the `RuntimeConfig.from_env` call a strategy was drawing when the runtime
+    raised: its note writes both with repr, so they read back; None without such a note."""
+    for note in getattr(e, "__notes__", ()):
+        if m := _DRAWING.fullmatch(note):
+            try:
+                env, kwargs = ast.literal_eval(m[1]), ast.literal_eval(m[2])
+            except (ValueError, SyntaxError):
+                return None
+            return kwargs, env
+    return None
 
 
 def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
@@ -138,39 +162,42 @@ class Finding:
         evs = tuple(events) if events is not None else None
         return cls(prop, kind, message, w.fault, w.config, bucket, state, evs, ladder, details)
 
-    def reproducer(self) -> str | None:
-        """Shell: the env overrides plus a `spyre-verify ladders` call that prints the warm set;
-        None when the runtime failed before a case had a config (the message names the call)."""
-        c = self.config
-        if self.prop == "config":
-            kwargs, env = self.details["kwargs"], self.details["env"]
-            code = f"from runtime.config import RuntimeConfig; print(RuntimeConfig.from_env({env!r}, **{kwargs!r}))"
-            return f"python -c {shlex.quote(code)}"
-        if c is None:
-            return None
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in c.env_overrides().items())
-        flags = f"--block-size {c.block_size} --max-model-len {c.max_model_len} --max-num-seqs {c.max_num_seqs}"
-        if c.num_blocks is not None:
-            flags += f" --num-blocks {c.num_blocks}"
-        return f"{env + ' ' if env else ''}spyre-verify ladders {flags}"
+    @property
+    def headline(self) -> str:
+        """`[property/kind] message`: how the hunt, replay and the test body all name a finding."""
+        return f"[{self.prop}/{self.kind}] {self.message}"
 
-    def pytest_line(self) -> str | None:
-        """Python: re-run this property on exactly this case; the assert fails while the finding holds."""
-        check = CHECKS[self.prop]
-        if self.prop == "config":
-            d = self.details
-            return (
-                f"from spyre_verify.hunt.properties import {check}; assert {check}({d['kwargs']!r}, {d['env']!r}) == []"
-            )
-        if self.config is None:
+    def test_body(self) -> str | None:
+        """A pytest test (imports inside, so it pastes into any test file) that re-runs this
+        property on exactly this case, under the same fault, through the public API; it fails,
+        naming the finding, while the finding holds. None: the hunt has no case to re-run."""
+        lines = self._test_lines()
+        if lines is None:
             return None
-        args = [config_code(self.config)]
-        imports = f"from runtime.config import RuntimeConfig; from spyre_verify.hunt.properties import {check}"
+        name = f"test_hunt_{self.prop}_{self.kind}".replace("-", "_")
+        return "\n".join([f"def {name}():", *(f"    {line}" for line in lines)])
+
+    def _test_lines(self) -> list[str] | None:
+        check, d = CHECKS[self.prop], self.details
+        importing = f"from spyre_verify.hunt.properties import {check}"
+        if self.prop == "config":
+            call = f"{check}({d['kwargs']!r}, {d['env']!r})"
+            return [importing, f"found = {call}", ASSERT]
+        if self.config is None:
+            if "kwargs" not in d:
+                return None
+            # The runtime raised while the hunt drew this config: the draw is the test.
+            return [RUNTIME_CONFIG, f"RuntimeConfig.from_env({d['env']!r}, **{d['kwargs']!r})"]
+        lines, args = [RUNTIME_CONFIG, importing], ["config"]
         if check == "check_trace":
-            args.append("[" + ", ".join(op_code(o) for o in self.events or ()) + "]")
-            imports += "; from spyre_verify.hunt.strategies import Op"
-        args.append(f"fault={self.fault!r}")
-        return f"{imports}; assert {check}({', '.join(args)}) == []"
+            lines.append("from spyre_verify.hunt.strategies import Op")
+        lines.append(f"config = {config_code(self.config)}")
+        if check == "check_trace":
+            lines.append(f"events = [{', '.join(op_code(o) for o in self.events or ())}]")
+            args.append("events")
+        if self.fault is not None:
+            args.append(f"fault={self.fault!r}")
+        return [*lines, f"found = {check}({', '.join(args)})", ASSERT]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -184,6 +211,5 @@ class Finding:
             "events": [str(o) for o in self.events] if self.events is not None else None,
             "warm_ladder": self.warm_ladder,
             **{k: ([str(x) for x in v] if k == "cold_buckets" else v) for k, v in self.details.items()},
-            "reproducer": self.reproducer(),
-            "pytest": self.pytest_line(),
+            "pytest": self.test_body(),
         }

@@ -216,7 +216,7 @@ def check_ladders(config: RuntimeConfig, fault: str | None = None) -> list[Findi
 @st.composite
 def dispatch_cases(draw: st.DrawFn, fault: str | None = None) -> tuple[RuntimeConfig, list[Op]]:
     """A config and an event trace valid for it as the fault configures it."""
-    config = draw_config(draw, serving=True)
+    config = draw_config(draw)
     return config, draw_ops(draw, world(config, fault).config)
 
 

@@ -61,19 +61,19 @@ BOOLS = st.booleans()
 def draw_kv_override(draw: st.DrawFn, block_size: int, max_model_len: int) -> str:
     top = math.ceil(max_model_len / block_size)
     rungs: list[int] = []
-    # One draw per lower rung, 0 ends the list; the top rung lands at a drawn position.
+    # One draw per lower rung, 0 ends the list; the runtime takes a ladder only in increasing order.
     while top > 1 and len(rungs) < 6 and (r := draw(ints(0, top - 1))):
         if r not in rungs:
             rungs.append(r)
-    rungs.insert(draw(ints(0, len(rungs))), top)
+    rungs = [*sorted(rungs), top]
     sep = ", " if draw(BOOLS) else ","
     return sep.join(str(r * block_size) for r in rungs)
 
 
 @st.composite
 def kv_bucket_overrides(draw: st.DrawFn, block_size: int, max_model_len: int) -> str:
-    """A `SPYRE_ATTN_KV_BUCKETS` value valid for the config: block multiples, any order,
-    with the top rung `ceil(max_model_len / block_size) * block_size` that covers it."""
+    """A `SPYRE_ATTN_KV_BUCKETS` value valid for the config: block multiples in increasing order,
+    ending with the top rung `ceil(max_model_len / block_size) * block_size` that covers it."""
     return draw_kv_override(draw, block_size, max_model_len)
 
 
@@ -107,17 +107,18 @@ def draw_config(
     kv_overrides: bool = True,
     pool_override: bool = True,
     batched_decode: bool | None = None,
-    serving: bool = False,
 ) -> RuntimeConfig:
     """Valid `RuntimeConfig`s (backend "eager"); overrides go through the env parser.
 
     `max_model_len` and `max_num_seqs` are inclusive ranges. `batched_decode=None`
     draws it; the KV override and the pool override are each drawn or left out.
-    `serving=True` keeps `max_model_len` above `block_size`, so some request can run.
+    `max_model_len` is always above `block_size` (the runtime's rule: room for one request),
+    so only block sizes below the top of its range are drawn.
     """
-    bs = block_sizes[draw(ints(0, len(block_sizes) - 1))]
     low, high = max_model_len
-    L = draw(ints(min(max(low, bs + 1), high) if serving else low, high))
+    sizes = [b for b in block_sizes if b < high]
+    bs = sizes[draw(ints(0, len(sizes) - 1))]
+    L = draw(ints(max(low, bs + 1), high))
     S = draw(ints(*max_num_seqs))
     env: dict[str, str] = {}
     if kv_overrides and draw(BOOLS):

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import MetadataBuilder
-from runtime.seams import Seams
-from runtime.warmup import warm_plan
+from runtime.warmup import Seams, warm_plan
 from spyre_verify import faults
 from spyre_verify.oracle.derive import Ladders, ladders
 

@@ -39,7 +39,7 @@ DEFAULTS: dict[str, object] = {
 class Reading:
     """What a config means once its env is applied, as DESIGN reads it."""
 
-    kv_tokens: tuple[int, ...] | None  # the KV override in tokens, sorted; None: the default ladder
+    kv_tokens: tuple[int, ...] | None  # the KV override in tokens, increasing; None: the default ladder
     batched: bool
     backend: str
 
@@ -105,6 +105,10 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
     if not _count(L):
         return f"max_model_len={L!r} is not a positive integer"
     assert isinstance(L, int)
+    # DESIGN rejects a request with ceil(p / bs) * bs + max_tokens > L; the smallest (p = 1, one
+    # token) needs bs + 1 <= L, so with bs >= L no request could ever be served.
+    if bs >= L:
+        return f"block_size={bs} leaves no room for any request under max_model_len={L}"
     per_seq = -(-L // bs)
     if per_seq > MAX_SEQ_BLOCKS:
         return f"max_model_len={L} needs {per_seq} blocks a sequence, above {MAX_SEQ_BLOCKS}"
@@ -141,6 +145,8 @@ def _kv_problem(kv: object, bs: int, L: int, per_seq: int) -> str | None:
             return f"KV bucket {b} is above max_model_len={L} rounded up to a block"
     if len(set(kv)) < len(kv):
         return f"KV buckets {list(kv)} repeat a rung"
+    if any(kv[i] > kv[i + 1] for i in range(len(kv) - 1)):  # a ladder is written in order, never re-sorted
+        return f"KV buckets {list(kv)} are not in increasing order"
     if max(kv) < L:
         return f"the top KV bucket {max(kv)} does not cover max_model_len={L}"
     return None
@@ -151,7 +157,7 @@ def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
     s = settings(kwargs, env)
     kv = s["kv_buckets"]
     return Reading(
-        tuple(sorted(kv)) if isinstance(kv, tuple) else None,
+        kv if isinstance(kv, tuple) else None,
         bool(s["batched_decode"]),
         str(s["backend"]),
     )

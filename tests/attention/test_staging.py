@@ -19,7 +19,7 @@ from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, EventBus
 from runtime.paged_attention import PagedAttention
-from runtime.seams import Seams
+from runtime.warmup import Seams
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 

@@ -11,11 +11,12 @@ import torch
 
 import runtime.compiler
 import runtime.engine
+import runtime.events
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.errors import RequestError
 from runtime.events import EventBus
-from runtime.reference import generate
+from spyre_verify.oracle.reference import generate
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 
@@ -162,12 +163,12 @@ def test_request_that_exactly_fits_runs_to_the_end(p: int, max_tokens: int) -> N
 
 # -- the event bus is free when nobody listens --------------------------------------------------------
 EMIT_ONLY = [
-    (runtime.engine, "DispatchEvent"),
-    (runtime.engine, "BlockTableEvent"),
-    (runtime.engine, "KVWriteEvent"),
+    (runtime.events, "DispatchEvent"),
+    (runtime.events, "BlockTableEvent"),
+    (runtime.events, "KVWriteEvent"),
     (runtime.engine, "TokenEvent"),
-    (runtime.engine, "RequestEvent"),
-    (runtime.engine, "StepEvent"),
+    (runtime.events, "RequestEvent"),
+    (runtime.events, "StepEvent"),
     (runtime.compiler, "CallEvent"),
     (runtime.compiler, "GraphHitEvent"),
 ]

@@ -8,7 +8,7 @@ import torch
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING
-from runtime.reference import generate
+from spyre_verify.oracle.reference import generate
 
 # Six buckets (decode 1, 2; batched (2, 1) and (2, 2); prefill 4, 8) at ~5 s a graph.
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="inductor")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.reference import generate
+from spyre_verify.oracle.reference import generate
 
 
 def test_serving_reuses_warm_graphs(spyre_engine, dispatch_log, graph_audit) -> None:

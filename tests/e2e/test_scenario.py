@@ -20,7 +20,7 @@ import pytest
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.reference import generate
+from spyre_verify.oracle.reference import generate
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 

@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
+from runtime.bucketer import (
+    BATCHED,
+    DECODE,
+    KERNELS,
+    PREFILL,
+    BatchedKey,
+    Bucket,
+    DecodeKey,
+    PrefillKey,
+    SpyreAttnBucketer,
+)
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.walk import reachable
 

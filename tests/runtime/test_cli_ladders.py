@@ -73,7 +73,7 @@ def assert_rejected(capsys: pytest.CaptureFixture[str], argv: list[str], *needle
     assert "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1 and err.endswith("\n"), err
-    assert lines[0].startswith("spyre-verify: error: ")
+    assert lines[0].startswith("spyre-verify ladders: error: ")
     for needle in needles:
         assert needle in lines[0]
     return lines[0]
@@ -113,7 +113,7 @@ def test_unknown_backend_env(capsys: pytest.CaptureFixture[str], monkeypatch: py
 
 
 def test_unknown_backend_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert_rejected(capsys, [*ACCEPTANCE, "--backend", "tvm"], "backend='tvm'")
+    assert_rejected(capsys, [*ACCEPTANCE, "--backend", "tvm"], "--backend", "invalid choice: 'tvm'", "inductor")
 
 
 def test_bad_batched_decode_env(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -210,7 +210,7 @@ def test_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         {},
         {"kv_buckets": (128, 2048)},
-        {"kv_buckets": (2048, 64, 512)},
+        {"kv_buckets": (64, 512, 2048)},
         {"batched_decode": False},
         {"kv_buckets": (1024, 2048), "batched_decode": False},
     ],

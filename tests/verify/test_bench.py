@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from spyre_verify.bench.figures import Figure
+from spyre_verify.bench.figures import Figure, closing
 from spyre_verify.bench.sched import plans, prefill_waste
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
@@ -45,8 +46,9 @@ def test_bench_prints_every_figure_with_target_and_a_valid_report(
         assert set(f) >= FIELDS, f["id"]
         assert f["min"] <= f["value"] <= f["max"], f["id"]
         assert f["direction"] in ("<=", ">=")
-        if f["target"] is None:
+        if f["target"] is None or not f["judged"]:
             assert f["met"] is None
+            assert f["judged"] is False or f["target"] is None
         else:
             good = f["value"] <= f["target"] if f["direction"] == "<=" else f["value"] >= f["target"]
             assert f["met"] is good, f["id"]
@@ -54,7 +56,8 @@ def test_bench_prints_every_figure_with_target_and_a_valid_report(
             row = next(line for line in err.splitlines() if line.startswith(f"| {f['id']} "))
             assert f["name"] in row and f["direction"] in row
     assert printed["missed"] == [f["id"] for f in figures if f["met"] is False]
-    assert len(printed["closing"]) == max(1, len(printed["missed"]))
+    unjudged = any(f["target"] is not None and not f["judged"] for f in figures)
+    assert len(printed["closing"]) == max(1, len(printed["missed"])) + unjudged
     assert (tmp_path / "bench.md").read_text().startswith("# spyre-verify bench (tiny)")
 
 
@@ -74,6 +77,19 @@ def test_gap_says_by_how_much() -> None:
     fine = Figure("4", "speedup", 2.0, 1.9, 2.1, unit="x", target=1.0, direction=">=", baseline="")
     assert (over.met, short.met, fine.met) == (False, False, True)
     assert "0.15x over" in over.gap() and "20% short" in short.gap() and fine.gap() == ""
+
+
+def test_a_figure_is_judged_only_under_the_backend_its_target_is_for() -> None:
+    kw: dict[str, Any] = dict(unit="x", target=0.7, direction=">=", baseline="", judged_under="inductor")
+    eager = Figure("5", "roofline", 0.3, 0.2, 0.4, backend="eager", **kw)
+    inductor = Figure("5", "roofline", 0.3, 0.2, 0.4, backend="inductor", **kw)
+    assert (eager.judged, eager.met, eager.gap()) == (False, None, "")
+    assert (inductor.judged, inductor.met) == (True, False) and "short" in inductor.gap()
+    assert closing([eager]) == [
+        "every judged target is met",
+        "not judged under eager: figures 5 (for inductor); run the full bench to judge them",
+    ]
+    assert closing([inductor])[0].startswith("figure 5 (roofline) misses its target")
 
 
 def test_tensor_free_sim_dispatches_what_the_engine_dispatches() -> None:

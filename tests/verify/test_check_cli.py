@@ -47,7 +47,9 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         for name in ENV_VARS:
             mp.delenv(name, raising=False)
-        mp.setattr(cmd_check, "kill_table", lambda c, w, progress=None: kill_table(c, w, CONTROLS, progress))
+        mp.setattr(
+            cmd_check, "kill_table", lambda c, w, progress=None, rows=None: kill_table(c, w, CONTROLS, progress, rows)
+        )
         code = main(["check", "--out", str(out_dir), "--json"])
     return code, json.loads(out.getvalue()), err.getvalue(), out_dir
 
@@ -143,7 +145,7 @@ def test_no_controls_passes_and_skips_the_catalog(tmp_path: Path, capsys: pytest
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--fault", "nope"], "unknown fault 'nope'"),
+        (["--fault", "nope"], "invalid choice: 'nope'"),
         (["--requests", "0"], "--requests=0"),
         (["--block-size", "x"], "--block-size"),
     ],

@@ -9,8 +9,7 @@ from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import WARMUP, CompileEvent
-from runtime.seams import Seams
-from runtime.warmup import warm_plan
+from runtime.warmup import Seams, warm_plan
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.faults import CATALOG, dropped_bucket
 

@@ -17,7 +17,7 @@ from runtime.compiler import KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify.checks.control_calls import Control, control_scope, decode_control, prefill_md, stride_control
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.violations import InvariantViolation

@@ -9,7 +9,7 @@ import pytest
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine, TokenEvent
 from runtime.scheduler import Request
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.faults import CATALOG
 

@@ -9,7 +9,7 @@ from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import BlockTableEvent, KVWriteEvent
-from runtime.seams import Seams
+from runtime.warmup import Seams
 from spyre_verify import faults
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import InvariantViolation

@@ -3,6 +3,7 @@ with one line and the traceback in `crash-<command>.txt`; an interrupt is 130.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,14 @@ def test_an_unwritable_crash_file_still_gives_one_line_and_exit_3(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    monkeypatch.setattr(cmd_hunt, "run", raising(ZeroDivisionError("x")))
+
+    def run(args: object) -> int:  # --out was checked before the run; it turns into a file during it
+        blocker.rmdir()
+        blocker.write_text("not a directory")
+        raise ZeroDivisionError("x")
+
+    monkeypatch.setattr(cmd_hunt, "run", run)
+    blocker.mkdir()
     assert main(["hunt", "--out", str(blocker)]) == 3
     line = one_line(capsys)
     assert line.startswith("spyre-verify: internal error: ZeroDivisionError: x (could not write the traceback to ")
@@ -81,7 +88,7 @@ def test_typed_input_errors_exit_2_without_a_crash_file(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cmd_ladders, "run", raising(error))
     assert main(["ladders"]) == 2
-    assert one_line(capsys) == f"spyre-verify: error: {error}"
+    assert one_line(capsys) == f"spyre-verify ladders: error: {error}"
     assert not (tmp_path / "reports").exists()
 
 
@@ -90,7 +97,7 @@ def test_an_interrupt_exits_130_with_one_line(
 ) -> None:
     monkeypatch.setattr(cmd_ladders, "run", raising(KeyboardInterrupt()))
     assert main(["ladders"]) == 130
-    assert one_line(capsys) == "spyre-verify: interrupted"
+    assert one_line(capsys) == "spyre-verify ladders: interrupted"
 
 
 @pytest.mark.parametrize(
@@ -116,7 +123,7 @@ def test_bad_flags_are_usage_errors(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
-    assert one_line(capsys).startswith("spyre-verify: error: ")
+    assert re.match(r"spyre-verify( \w+)?: error: ", one_line(capsys))
     assert not list(tmp_path.rglob("crash-*.txt"))
 
 

@@ -128,7 +128,7 @@ def check_cli(flags: list[str], env: dict[str, str]) -> bool:
         return True
     lines = stderr.splitlines()
     assert len(lines) == 1 and stderr.endswith("\n") and "Traceback" not in stderr, stderr
-    assert lines[0].startswith("spyre-verify: error: ")
+    assert lines[0].startswith("spyre-verify ladders: error: ")
     names = [f.split("=")[0] for f in flags if f.startswith("--")] + list(env)
     assert names_input(lines[0], names), f"{lines[0]} names none of {names}"
     return False

@@ -16,6 +16,7 @@ import runtime.config
 from runtime.block_pool import BlockPool
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
+from runtime.errors import ConfigError
 from runtime.scheduler import Scheduler
 from runtime.warmup import warm_plan
 from spyre_verify import faults, profiles
@@ -43,6 +44,13 @@ def test_clean_runtime_has_no_finding() -> None:
     assert all(r.examples >= 100 for r in runs.values()), {n: r.examples for n, r in runs.items()}
 
 
+def run_test_body(body: str) -> None:
+    """Define a finding's pytest test body and call the test, as pytest would."""
+    ns: dict[str, Any] = {}
+    exec(body, ns)
+    next(v for k, v in ns.items() if k.startswith("test_"))()
+
+
 def config_of(c: dict[str, Any]) -> RuntimeConfig:
     kv = tuple(c["kv_buckets"]) if c["kv_buckets"] else None
     keys = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "batched_decode")
@@ -55,15 +63,15 @@ def test_builder_own_ladder_shrinks_to_a_kv_override_and_names_the_off_key_dispa
     f = found[0]
     env = f["config"]["env_overrides"]
     assert f["config"]["kv_buckets"] and "SPYRE_ATTN_KV_BUCKETS" in env
-    assert f["reproducer"].startswith(f"SPYRE_ATTN_KV_BUCKETS={env['SPYRE_ATTN_KV_BUCKETS']} ")
+    assert f"kv_buckets={tuple(f['config']['kv_buckets'])!r}" in f["pytest"]
     config = config_of(f["config"])
     own = faults.power_of_two_ladder(config.max_blocks_per_seq)
     # The off-key rungs are the builder's own, absent from the oracle's ladder and from warmup.
     assert f["cold_kv_rungs"] and set(f["cold_kv_rungs"]) <= set(own) - set(ladders(config).kv_blocks)
     assert not set(f["cold_kv_rungs"]) & set(f["warm_ladder"]["rungs"])
     assert f["bucket"] in f["cold_buckets"] and f["expected"] != f["bucket"] and f["batch_state"]["rows"]
-    with pytest.raises(AssertionError):  # the pytest line reproduces the finding
-        exec(f["pytest"], {})
+    with pytest.raises(AssertionError, match=r"\[dispatch/key-mismatch\]"):  # the test body reproduces the finding
+        run_test_body(f["pytest"])
 
 
 def test_inline_builder_ladder_is_found_by_the_probe_and_on_traces() -> None:
@@ -73,8 +81,8 @@ def test_inline_builder_ladder_is_found_by_the_probe_and_on_traces() -> None:
     assert "rungs only the builder has" in probe["message"] and probe["dimension"] == "kv_blocks"
     assert [f["kind"] for f in runs["dispatch"].findings] == ["key-mismatch"]
     for f in (probe, *runs["dispatch"].findings):
-        with pytest.raises(AssertionError):  # the pytest line enters the fault's patch itself
-            exec(f["pytest"], {})
+        with pytest.raises(AssertionError):  # the test body enters the fault's patch itself
+            run_test_body(f["pytest"])
 
 
 def test_over_pruned_warmup_names_the_missing_bucket_and_a_witness_that_reaches_it() -> None:
@@ -100,7 +108,6 @@ def test_over_pruned_warmup_on_a_one_bucket_plan_is_a_finding_not_an_error() -> 
     single = RuntimeConfig(block_size=1, max_model_len=2, max_num_seqs=1, backend="eager")
     [f] = check_warmup(single, "over-pruned-warmup")
     assert (f.kind, str(f.bucket)) == ("missing-bucket", "prefill(1,)")
-    assert check_warmup(single.with_(max_model_len=1), "over-pruned-warmup") == []  # empty plan: nothing to drop
 
 
 def test_padding_rules_flag_live_and_out_of_pool_entries() -> None:
@@ -177,7 +184,7 @@ def test_merge_sums_workers_and_drops_shared_findings() -> None:
 def test_bad_input_exits_2_with_one_line(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["hunt", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("spyre-verify: error:")
+    assert err.count("\n") == 1 and err.startswith("spyre-verify hunt: error:")
 
 
 def test_profiles_select_by_name_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,10 +226,10 @@ def test_a_runtime_exception_is_a_runtime_error_finding(monkeypatch: pytest.Monk
     monkeypatch.setattr(BlockPool, "can_reserve", lambda self, n: True)
     [f] = check_trace(TIGHT, OVERBOOK)
     assert f.kind == "runtime-error" and "at runtime/block_pool.py:" in f.message and f.events == tuple(OVERBOOK)
-    line = f.pytest_line()
-    assert line is not None
-    with pytest.raises(AssertionError):
-        exec(line, {})
+    body = f.test_body()
+    assert body is not None
+    with pytest.raises(AssertionError, match=r"\[dispatch/runtime-error\]"):
+        run_test_body(body)
 
 
 def test_the_cli_reports_a_runtime_crash_as_a_finding(
@@ -279,7 +286,7 @@ def test_config_acceptance_is_checked_both_ways(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(runtime.config, "RULES", pool_minimum(lambda v, c: True))
     [f] = hunt.check_config({**small, "num_blocks": 4}, {})
     assert f.kind == "config-acceptance" and "the runtime accepts a config DESIGN rejects: num_blocks=4" in f.message
-    assert str(f.reproducer()).startswith("python -c ") and "num_blocks" in str(f.pytest_line())
+    assert "'num_blocks': 4" in str(f.test_body())
 
 
 def test_config_reading_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,8 +301,8 @@ def test_the_config_hunt_finds_and_shrinks_an_off_by_one_pool_rule(monkeypatch: 
     [f] = hunt_findings("config", 300)
     assert f["kind"] == "config-acceptance" and "cannot hold one max_model_len request" in f["message"]
     assert f["kwargs"]["num_blocks"] == -(-f["kwargs"]["max_model_len"] // f["kwargs"]["block_size"])
-    with pytest.raises(AssertionError):
-        exec(f["pytest"], {})
+    with pytest.raises(AssertionError, match=r"\[config/config-acceptance\]"):
+        run_test_body(f["pytest"])
 
 
 def hunt_findings(prop: str, examples: int, fault: str | None = None) -> list[dict[str, Any]]:
@@ -326,7 +333,9 @@ def test_a_valid_config_refused_while_drawing_a_case_is_a_finding(monkeypatch: p
     # Refuses the legal minimum pool.
     monkeypatch.setattr(runtime.config, "RULES", pool_minimum(lambda v, c: v > c.max_blocks_per_seq + 1))
     [f] = hunt_findings("ladders", 100)
-    assert f["kind"] == "runtime-error" and f["config"] is None and f["reproducer"] is None
+    assert f["kind"] == "runtime-error" and f["config"] is None and {"kwargs", "env"} <= set(f)
+    with pytest.raises(ConfigError):  # the test body is the draw the runtime refused
+        run_test_body(f["pytest"])
     assert "ConfigError at runtime/config.py" in f["message"] and "drawing RuntimeConfig.from_env(" in f["message"]
 
 
@@ -345,7 +354,8 @@ ACCEPTANCE = [
     ({**SMALL, "max_num_seqs": 4096}, {}, True),
     ({**SMALL, "max_num_seqs": 4097}, {}, False),
     (SMALL, {KV: "8,16"}, True),
-    (SMALL, {KV: " 16 , 0008 "}, True),
+    (SMALL, {KV: " 0008 , 16 "}, True),
+    (SMALL, {KV: "16,8"}, False),  # a ladder is written in increasing order, never re-sorted
     (SMALL, {KV: "8,8,16"}, False),
     (SMALL, {KV: "6,16"}, False),
     (SMALL, {KV: "8"}, False),
@@ -369,6 +379,6 @@ def test_the_acceptance_oracle_and_the_runtime_agree_on_the_documented_rules(
 
 
 def test_the_acceptance_oracle_reads_the_env() -> None:
-    r = accept.reading(SMALL, {KV: " 16 , 0008 ", FLAG: "0 ", BACKEND: " aot_eager"})
+    r = accept.reading(SMALL, {KV: " 0008 , 16 ", FLAG: "0 ", BACKEND: " aot_eager"})
     assert r == accept.Reading((8, 16), False, "aot_eager")
     assert accept.reading(SMALL, {}) == accept.Reading(None, True, "inductor")

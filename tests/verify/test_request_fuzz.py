@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.errors import RequestError
-from runtime.reference import generate
 from spyre_verify import profiles
+from spyre_verify.oracle.reference import generate
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
 VOCAB, BS, L = CONFIG.model.vocab_size, CONFIG.block_size, CONFIG.max_model_len

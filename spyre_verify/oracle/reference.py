@@ -1,5 +1,7 @@
-"""The oracle for "padding never changes a token": the same model, unpadded,
-unpaged and eager, one sequence at a time, recomputing its whole prefix each step."""
+"""The judge of "padding never changes a token": the same model, unpadded, unpaged and
+eager, one sequence at a time, recomputing its whole prefix each step (DESIGN "Padding
+never changes results"). It uses the model's layers, never paged attention or padding.
+"""
 
 from __future__ import annotations
 
