@@ -159,10 +159,12 @@ class SpyreAttnBucketer:
         if any(decode_reachable(lim, s, t) for s in seqs for t in tkvs):
             return None
         needs = [p for s in seqs for t in tkvs if (p := min_decode_pool(lim, s, t)) is not None]
-        where = f"{seqs.start}..{seqs.stop - 1} seqs at {blocks.start}..{blocks.stop - 1} blocks"
+        where = f"{_span(seqs)} seqs at {_span(blocks)} blocks"
         if needs:
             return f"pool too tight: {where} needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
-        return f"no batch state decodes {where} (decode runs at tkv 2..{lim.max_model_len - 2})"
+        L = lim.max_model_len
+        runs = f"decode runs at tkv {_span(range(1, L - 1))}" if L >= 3 else f"max_model_len={L} leaves no decode step"
+        return f"no batch state decodes {where} ({runs})"
 
     def _why_not_batched(self, low: int, n: int, kv: int, needs_gather: bool, store_out: bool) -> str | None:
         if not self.config.batched_decode:
@@ -183,3 +185,8 @@ class SpyreAttnBucketer:
         if needs:
             return f"pool too tight: a prefill padded to {tokens} tokens needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
         return f"no prefill pads to {tokens} tokens under max_model_len={lim.max_model_len}"
+
+
+def _span(r: range) -> str:
+    """A range as a reason names it: one number when it holds one."""
+    return str(r.start) if len(r) == 1 else f"{r.start}..{r.stop - 1}"

@@ -24,8 +24,8 @@ def round_up(ladder: tuple[int, ...], size: int, what: str) -> int:
     """The smallest rung that fits `size`."""
     i = bisect.bisect_left(ladder, size)
     if i == len(ladder):
-        top = ladder[-1] if ladder else None
-        raise NoRungError(f"{what} {size} is above the top rung {top} of {list(ladder)}")
+        where = f"the top rung {ladder[-1]} of {list(ladder)}" if ladder else "an empty ladder"
+        raise NoRungError(f"{what} {size} is above {where}")
     return ladder[i]
 
 

@@ -15,13 +15,11 @@ from spyre_verify.oracle.walk import reachable
 def _around(value: int, same: list[int]) -> str:
     below = [v for v in same if v < value]
     above = [v for v in same if v > value]
-    if below and above:
-        return f"warmed below {below[-1]}, above {above[0]}"
-    if below:
-        return f"warmed below {below[-1]}, none above"
-    if above:
-        return f"warmed above {above[0]}, none below"
-    return "no warmed value with the rest of the key equal"
+    if not below and not above:
+        return "no warmed value with the rest of the key equal"
+    lower = f"{below[-1]} below" if below else "none below"
+    upper = f"{above[0]} above" if above else "none above"
+    return f"nearest warmed {lower}, {upper}"
 
 
 def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:

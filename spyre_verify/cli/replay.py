@@ -21,6 +21,7 @@ from typing import Any
 from runtime.config import ModelDims, RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify import faults
+from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.findings import CHECKS, Finding, crash, from_runtime
 from spyre_verify.hunt.properties import check_config, check_ladders, check_trace, check_warmup
@@ -31,7 +32,9 @@ from spyre_verify.report import SCHEMA_VERSION
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="re-run a hunt finding's property on its shrunk case (exit 1 while it holds)")
     p.add_argument("report", type=Path, help="the hunt report (hunt.json or hunt-FAULT.json)")
-    p.add_argument("--index", type=int, default=1, help="which finding, 1-based as the hunt numbers them (default 1)")
+    p.add_argument(
+        "--index", type=Count("--index"), default=1, help="which finding, 1-based as the hunt numbers them (default 1)"
+    )
     p.add_argument(
         "--fault",
         choices=list(faults.CATALOG),

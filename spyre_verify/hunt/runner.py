@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -165,9 +166,20 @@ def run_workers(plan: HuntPlan, workers: int, say: Say | None = None) -> list[li
         replace(plan, examples=share, worker=i + 1, seed=None if plan.seed is None else plan.seed + i)
         for i in range(workers)
     ]
-    # spawn: a clean interpreter per worker, whatever threads this process has started.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # spawn: a clean interpreter per worker, whatever threads this process has started. Workers
+    # ignore Ctrl-C: the terminal sends it to the whole group, and only this process reports it.
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+    try:
         return list(pool.map(_worker, plans))
+    except KeyboardInterrupt:
+        for p in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+            p.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 
@@ -16,20 +18,18 @@ def reasons(**kwargs: object) -> dict[Bucket, str]:
 def test_no_decode_fits_below_max_model_len() -> None:
     # bs=4, L=5: every prompt pads to 4 and may generate one token, so nothing ever decodes.
     got = reasons(block_size=4, max_model_len=5, max_num_seqs=4)
-    at = "(decode runs at tkv 2..3)"
-    assert got[Bucket(DECODE, DecodeKey(1))] == f"no batch state decodes 1..1 seqs at 1..1 blocks {at}"
-    assert got[Bucket(DECODE, DecodeKey(2))] == f"no batch state decodes 1..1 seqs at 2..2 blocks {at}"
-    assert got[Bucket(BATCHED, BatchedKey(2, 2, F, T))] == f"no batch state decodes 2..2 seqs at 2..2 blocks {at}"
-    assert got[Bucket(BATCHED, BatchedKey(4, 1, F, T))] == f"no batch state decodes 4..4 seqs at 1..1 blocks {at}"
-    assert got[Bucket(BATCHED, BatchedKey(4, 2, T, F))] == f"no batch state decodes 3..3 seqs at 2..2 blocks {at}"
+    at = "(decode runs at tkv 1..3)"
+    assert got[Bucket(DECODE, DecodeKey(1))] == f"no batch state decodes 1 seqs at 1 blocks {at}"
+    assert got[Bucket(DECODE, DecodeKey(2))] == f"no batch state decodes 1 seqs at 2 blocks {at}"
+    assert got[Bucket(BATCHED, BatchedKey(2, 2, F, T))] == f"no batch state decodes 2 seqs at 2 blocks {at}"
+    assert got[Bucket(BATCHED, BatchedKey(4, 1, F, T))] == f"no batch state decodes 4 seqs at 1 blocks {at}"
+    assert got[Bucket(BATCHED, BatchedKey(4, 2, T, F))] == f"no batch state decodes 3 seqs at 2 blocks {at}"
     assert got[Bucket(PREFILL, PrefillKey(8))] == "no prefill pads to 8 tokens under max_model_len=5"
 
 
 def test_per_sequence_decode_covers_every_row_count_when_batched_is_off() -> None:
     got = reasons(block_size=4, max_model_len=5, max_num_seqs=3, batched_decode=False)
-    assert (
-        got[Bucket(DECODE, DecodeKey(2))] == "no batch state decodes 1..3 seqs at 2..2 blocks (decode runs at tkv 2..3)"
-    )
+    assert got[Bucket(DECODE, DecodeKey(2))] == "no batch state decodes 1..3 seqs at 2 blocks (decode runs at tkv 1..3)"
     disabled = [r for b, r in got.items() if b.kernel == BATCHED]
     assert len(disabled) == 2 * 2 * 4
     assert set(disabled) == {"batched decode is disabled (SPYRE_BATCHED_DECODE=0)"}
@@ -49,7 +49,7 @@ def test_mixed_flags_and_a_missing_rung_below() -> None:
 def test_pool_too_tight_names_the_pool_it_needs() -> None:
     got = reasons(block_size=4, max_model_len=10, max_num_seqs=2, num_blocks=4)
     assert got[Bucket(BATCHED, BatchedKey(2, 3, F, T))] == (
-        "pool too tight: 2..2 seqs at 3..3 blocks needs 5 usable blocks, the pool has 3"
+        "pool too tight: 2 seqs at 3 blocks needs 5 usable blocks, the pool has 3"
     )
     # Only tkv 9 pads to 12 tokens; it is L - 1, so only a join that shifts the batch reaches it.
     assert got[Bucket(PREFILL, PrefillKey(12))] == (
@@ -60,7 +60,7 @@ def test_pool_too_tight_names_the_pool_it_needs() -> None:
 def test_pool_too_tight_for_a_full_batch_on_the_default_block_size() -> None:
     got = reasons(block_size=64, max_model_len=256, max_num_seqs=4, num_blocks=6)
     assert got[Bucket(BATCHED, BatchedKey(4, 4, F, T))] == (
-        "pool too tight: 4..4 seqs at 3..4 blocks needs 6 usable blocks, the pool has 5"
+        "pool too tight: 4 seqs at 3..4 blocks needs 6 usable blocks, the pool has 5"
     )
     assert Bucket(BATCHED, BatchedKey(4, 4, T, F)) not in got
 
@@ -73,3 +73,12 @@ def test_one_more_block_unprunes_exactly_the_buckets_that_needed_it() -> None:
         Bucket(PREFILL, PrefillKey(12)),
     }
     assert not any(r.startswith("pool too tight") for r in roomy.values())
+
+
+def test_reasons_never_print_an_empty_range_or_none() -> None:
+    for bs, L in [(1, 2), (2, 3), (1, 3), (4, 8)]:
+        b = SpyreAttnBucketer(RuntimeConfig(block_size=bs, max_model_len=L, max_num_seqs=2, backend="eager"))
+        for p in b.pruned():
+            assert "None" not in p.reason, p
+            for a, z in re.findall(r"(\d+)\.\.(\d+)", p.reason):
+                assert int(a) < int(z), (bs, L, p.reason)

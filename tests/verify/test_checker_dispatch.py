@@ -51,7 +51,7 @@ def test_cold_bucket_is_named_with_its_batch_and_nearest_rungs() -> None:
     [v] = checker.violations
     assert (v.kind, v.kernel, v.bucket, v.batch) == ("cold-dispatch", DECODE, "decode(3,)", BATCH.describe())
     assert "step 7" in v.message and "tkv=10" in v.message
-    assert "warmed below 2, above 4" in v.message
+    assert "nearest warmed 2 below, 4 above" in v.message
 
 
 def test_batched_cold_bucket_names_nearest_rungs_on_each_ladder() -> None:
@@ -62,8 +62,8 @@ def test_batched_cold_bucket_names_nearest_rungs_on_each_ladder() -> None:
     checker.on_dispatch(dispatch(Bucket(BATCHED, BatchedKey(4, 3, True, False))))
     [v] = checker.violations
     assert v.bucket == "batched(4, 3, True, False)"
-    assert "num_seqs: warmed below 2, above 8" in v.message
-    assert "kv_blocks: warmed below 2, above 4" in v.message
+    assert "num_seqs: nearest warmed 2 below, 8 above" in v.message
+    assert "kv_blocks: nearest warmed 2 below, 4 above" in v.message
 
 
 def test_warm_buckets_and_warmup_dispatches_are_quiet_but_counted() -> None:
@@ -95,7 +95,7 @@ def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
     cold = [v for v in checker.violations if v.kind == "cold-dispatch"]
     assert [v.bucket for v in cold] == ["decode(1,)"]
     assert "1 seqs, tkv=2" in cold[0].message
-    assert "kv_blocks: warmed above 2, none below" in cold[0].message  # the override's only rung
+    assert "kv_blocks: nearest warmed none below, 2 above" in cold[0].message  # the override's only rung
     assert "None" not in cold[0].message
 
 
@@ -114,8 +114,8 @@ CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks
 
 def test_nearest_warm_never_prints_none() -> None:
     warm = frozenset({Bucket(DECODE, DecodeKey(4)), Bucket(BATCHED, BatchedKey(2, 1, False, True))})
-    assert nearest_warm(Bucket(DECODE, DecodeKey(2)), warm) == "kv_blocks: warmed above 4, none below"
-    assert nearest_warm(Bucket(DECODE, DecodeKey(8)), warm) == "kv_blocks: warmed below 4, none above"
+    assert nearest_warm(Bucket(DECODE, DecodeKey(2)), warm) == "kv_blocks: nearest warmed none below, 4 above"
+    assert nearest_warm(Bucket(DECODE, DecodeKey(8)), warm) == "kv_blocks: nearest warmed 4 below, none above"
     assert nearest_warm(Bucket(BATCHED, BatchedKey(4, 2, True, False)), warm) == (
         "num_seqs: no warmed value with the rest of the key equal; kv_blocks: no warmed value with the rest of the key equal"
     )

@@ -181,7 +181,7 @@ BAD: dict[str, tuple[object, int, str]] = {
     "newer schema": (hunt_report(FINDING, schema_version=99), 1, "schema_version 99"),
     "clean hunt": (hunt_report(verdict="clean"), 1, "the hunt found nothing to replay"),
     "index past the end": (hunt_report(FINDING), 2, "--index 2: "),
-    "index zero": (hunt_report(FINDING), 0, "--index 0: "),
+    "index zero": (hunt_report(FINDING), 0, "--index=0: must be an integer >= 1"),
     "unknown property": (hunt_report({**FINDING, "property": "nope"}), 1, "unknown property 'nope'"),
     "no message": (hunt_report({"property": "config", "kind": "x"}), 1, "is not a hunt finding"),
     "config refused now": (
