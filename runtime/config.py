@@ -21,6 +21,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 ENV_KV_BUCKETS = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED_DECODE = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
+ENV_BATCH_TKV = "SPYRE_MAX_BATCH_TKV_LIMIT"
 # Ladders and bucket enumeration grow linearly with the blocks of one sequence; this is far
 # above any real config (2048 at 131072 tokens of 64) and keeps `spyre-verify ladders` instant.
 MAX_BLOCKS_PER_SEQ = 8192
@@ -57,6 +58,8 @@ class RuntimeConfig:
     kv_buckets: tuple[int, ...] | None = None
     batched_decode: bool = True
     min_batched_seqs: int = 2
+    # The most positions one decode step may attend, s * (tkv + 1); None: max_model_len * max_num_seqs.
+    max_batch_tkv_limit: int | None = None
     backend: str = "inductor"
     device: str = "cpu"
     dtype: str = "float32"
@@ -86,6 +89,11 @@ class RuntimeConfig:
     def usable_blocks(self) -> int:
         return self.total_blocks - 1
 
+    @property
+    def batch_tkv_limit(self) -> int:
+        """The volumetric limit in force: the configured one, else one that never binds."""
+        return self.max_batch_tkv_limit or self.max_model_len * self.max_num_seqs
+
     def with_(self, **changes: Any) -> RuntimeConfig:
         return replace(self, **changes)
 
@@ -99,6 +107,8 @@ class RuntimeConfig:
             kwargs["batched_decode"] = parse_flag(env[ENV_BATCHED_DECODE], ENV_BATCHED_DECODE)
         if ENV_BACKEND in env:
             kwargs["backend"] = parse_backend(env[ENV_BACKEND], ENV_BACKEND)
+        if ENV_BATCH_TKV in env:
+            kwargs["max_batch_tkv_limit"] = parse_count(env[ENV_BATCH_TKV], ENV_BATCH_TKV)
         return cls(**kwargs)
 
     def env_overrides(self) -> dict[str, str]:
@@ -110,6 +120,8 @@ class RuntimeConfig:
             out[ENV_BATCHED_DECODE] = "0"
         if self.backend != RuntimeConfig.backend:
             out[ENV_BACKEND] = self.backend
+        if self.max_batch_tkv_limit is not None:
+            out[ENV_BATCH_TKV] = str(self.max_batch_tkv_limit)
         return out
 
 
@@ -124,6 +136,13 @@ def parse_kv_buckets(text: str, name: str = ENV_KV_BUCKETS) -> tuple[int, ...]:
         if len(p.lstrip("-")) > MAX_DIGITS:
             raise ConfigError(f"{name}: bucket {p[:24]!r}... has more than {MAX_DIGITS} digits")
     return tuple(int(p) for p in parts)
+
+
+def parse_count(text: str, name: str) -> int:
+    t = text.strip()
+    if re.fullmatch(f"[0-9]{{1,{MAX_DIGITS}}}", t) and int(t) >= 1:
+        return int(t)
+    raise ConfigError(f"{name}={text!r}: must be a positive integer")
 
 
 def parse_flag(text: str, name: str) -> bool:
@@ -158,7 +177,7 @@ def _top(c: RuntimeConfig) -> int:
 POSITIVE = "must be a positive integer"
 MODEL_DIMS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
 # Fields whose None means "unset" (the default): their rules judge only a value.
-OPTIONAL = ("num_blocks", "kv_buckets", "recompile_limit")
+OPTIONAL = ("num_blocks", "kv_buckets", "recompile_limit", "max_batch_tkv_limit")
 # In order: the first broken rule is the error, and a rule relies on the ones above it
 # (a count is checked before arithmetic on it, num_heads before hidden_size divides by it).
 # fmt: off
@@ -181,6 +200,7 @@ RULES: tuple[Rule, ...] = (
     ("compile_dynamic", lambda v, c: v in (False, True, None), "must be False, True or None"),
     ("compile_fullgraph", lambda v, c: isinstance(v, bool), "must be True or False"),
     ("recompile_limit", lambda v, c: _count(v), POSITIVE),
+    ("max_batch_tkv_limit", lambda v, c: _count(v), POSITIVE),
     *((f"model.{d}", lambda v, c: _count(v), POSITIVE) for d in MODEL_DIMS),
     ("model.hidden_size", lambda v, c: v % c.model.num_heads == 0,
      "must be a multiple of num_heads={c.model.num_heads}"),

@@ -27,7 +27,8 @@ RUNTIME_POOL = "max_num_seqs * ceil(max_model_len / block_size) + 1"
 def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> None:
     """The size flags (defaults as the module says) and `--backend` (default `backend`, else the runtime's)."""
     g = p.add_argument_group(
-        "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND)"
+        "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND, "
+        "SPYRE_MAX_BATCH_TKV_LIMIT)"
     )
     d = CHECK_DEFAULTS
     g.add_argument("--block-size", help=f"tokens per KV block, a power of two (default: {d['block_size']})")
@@ -39,6 +40,11 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
     g.add_argument(
         "--num-blocks",
         help=f"pool size, null block included (default: {DEFAULT_POOL} with no size flag, else {RUNTIME_POOL})",
+    )
+    g.add_argument(
+        "--max-batch-tkv-limit",
+        help="most positions one decode step may attend, rows * (tkv + 1); SPYRE_MAX_BATCH_TKV_LIMIT overrides it "
+        "(default: max_model_len * max_num_seqs, never binding)",
     )
     g.add_argument(
         "--backend",
@@ -73,6 +79,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         kwargs["num_blocks"] = DEFAULT_POOL
     for k in SIZES:
         kwargs.setdefault(k, CHECK_DEFAULTS[k])
+    limit = _int_flag("max-batch-tkv-limit", getattr(args, "max_batch_tkv_limit", None))
+    if limit is not None:
+        kwargs["max_batch_tkv_limit"] = limit
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
     return RuntimeConfig.from_env(os.environ if env is None else env, **kwargs)
