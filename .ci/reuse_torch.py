@@ -43,7 +43,9 @@ def active_python() -> Path | None:
 
 def active_torch(python: Path) -> tuple[str, str] | None:
     """(torch version, purelib) of the environment of `python`, or None when it has no torch."""
-    code = "import sysconfig, importlib.metadata as m; print(m.version('torch')); print(sysconfig.get_paths()['purelib'])"
+    code = (
+        "import sysconfig, importlib.metadata as m; print(m.version('torch')); print(sysconfig.get_paths()['purelib'])"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
     if out.returncode != 0:
         return None
@@ -51,8 +53,8 @@ def active_torch(python: Path) -> tuple[str, str] | None:
     return version, purelib
 
 
-def reuse(packages: list[str]) -> str:
-    """Write the .pth when the active env's torch matches the pin; says what was decided."""
+def reuse(packages: list[str], site_dir: Path) -> str:
+    """Write the .pth into `site_dir` when the active env's torch matches the pin; says what was decided."""
     want = pinned(packages)
     if want is None:
         return ""
@@ -64,14 +66,14 @@ def reuse(packages: list[str]) -> str:
     found = active_torch(source)
     if found is None or found[0].split("+")[0] != want:
         return f"installing torch=={want}: {source} has {found[0] if found else 'no torch'}"
-    pth = Path(sysconfig.get_paths()["purelib"]) / PTH
+    pth = site_dir / PTH
     pth.write_text(f"import site; site.addsitedir({found[1]!r})\n")
     return f"reusing torch {found[0]} from {source}"
 
 
 def main(argv: list[str]) -> int:
     packages = [a for a in argv if not a.startswith("-")]
-    note = reuse(packages)
+    note = reuse(packages, Path(sysconfig.get_paths()["purelib"]))
     if note:
         print(f"reuse_torch: {note}", flush=True)
     return subprocess.run([sys.executable, "-m", "pip", "install", *argv]).returncode

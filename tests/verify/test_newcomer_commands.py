@@ -96,3 +96,10 @@ def test_the_newcomers_bad_commands_fail_on_input_with_one_line(tmp_path: Path) 
         assert r["err"].startswith(f"spyre-verify {argv[0]}: error: ") and r["err"].count("spyre-verify") == 1, shown
         assert expected in r["err"], shown
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]  # no report, crash file or database made
+
+
+def test_help_prints_no_warning_lines() -> None:
+    """torch warns on import ("Failed to initialize NumPy") when numpy is missing: numpy is a dependency."""
+    done = subprocess.run([sys.executable, "-m", "spyre_verify", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage: spyre-verify" in done.stdout
+    assert "warn" not in (done.stdout + done.stderr).lower(), done.stderr
