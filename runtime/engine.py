@@ -16,7 +16,7 @@ from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
-from runtime.scheduler import Scheduler, StepPlan
+from runtime.scheduler import Request, Scheduler, StepPlan
 from runtime.warmup import Seams, WarmupRecorder
 
 
@@ -55,6 +55,7 @@ class Engine:
         self.model = model or TinyTransformer(config)
         self.steps = 0
         self.outputs: dict[str, list[int]] = {}
+        self.finished: dict[str, ev.Finished] = {}  # every ended request, aborts included
         # Dynamo's limits are process-wide: the engine sets the ones it compiles under here, and
         # only here, and close() puts back what they replaced.
         buckets = len(list(self.bucketer.candidates()))
@@ -79,13 +80,25 @@ class Engine:
     def warmup(self, progress: Callable[[int, int, Bucket], None] | None = None) -> None:
         self.recorder.record_graphs(progress)
 
-    def add_request(self, prompt_token_ids: object, max_tokens: object, request_id: object = None) -> str:
-        rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id)
+    def add_request(
+        self,
+        prompt_token_ids: object,
+        max_tokens: object,
+        request_id: object = None,
+        *,
+        stop_token_ids: object = (),
+        ignore_eos: object = False,
+    ) -> str:
+        rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id, stop_token_ids, ignore_eos)
         self.outputs[rid] = []
         if self.events.wants("request"):
-            req = self.scheduler.waiting[-1]
-            self.events.emit("request", ev.RequestEvent(rid, req.prompt, req.max_tokens))
+            r = self.scheduler.waiting[-1]
+            self.events.emit("request", ev.RequestEvent(rid, r.prompt, r.max_tokens, r.stop_token_ids, r.ignore_eos))
         return rid
+
+    def abort(self, request_id: object) -> None:
+        """End a waiting or running request between steps; RequestError for an unknown or ended id."""
+        self._ended("abort", None, [self.scheduler.abort(request_id)])
 
     def has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -106,18 +119,27 @@ class Engine:
             return StepResult("idle", None, ())
         self._emit_batch(plan)
         tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
-        finished = tuple(r.request_id for r in sched.postprocess(tokens))
+        done = sched.postprocess(tokens)
+        finished = tuple(r.request_id for r in done)
         if self.events.wants("step"):
             self.events.emit("step", ev.StepEvent(self.steps, plan.kind, plan.bucket, finished))
-        if self.events.wants("state"):
-            admitted = plan.admission.request_id if plan.admission else None
-            waiting = tuple(r.request_id for r in sched.waiting)
-            rows, free = sched.row_states(), self.pool.num_free
-            self.events.emit(
-                "state", ev.StateEvent(self.steps, plan.kind, admitted, sched.tkv, rows, waiting, finished, free)
-            )
+        self._ended(plan.kind, plan.admission.request_id if plan.admission else None, done)
         self.steps += 1
         return StepResult(plan.kind, plan.bucket, finished)
+
+    def _ended(self, kind: str, admitted: str | None, done: list[Request]) -> None:
+        """After a step or an abort: record the ended requests, then emit the state and each finish."""
+        sched, bus = self.scheduler, self.events
+        if bus.wants("state"):
+            waiting, rows = tuple(r.request_id for r in sched.waiting), sched.row_states()
+            finished = tuple(r.request_id for r in done)
+            state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, self.pool.num_free)
+            bus.emit("state", state)
+        for r in done:
+            assert r.finish_reason is not None
+            self.finished[r.request_id] = ev.Finished(r.request_id, tuple(r.output), r.finish_reason)
+            if bus.wants("finish"):
+                bus.emit("finish", ev.FinishEvent(r.request_id, r.finish_reason, tuple(r.output), self.steps))
 
     @torch.no_grad()
     def _run_prefill(self, plan: StepPlan) -> list[int]:

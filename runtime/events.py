@@ -94,6 +94,28 @@ class RequestEvent:
     request_id: str
     prompt: tuple[int, ...]
     max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An ended request: its tokens (a stop token included) and why it ended ("length", "stop", "abort")."""
+
+    request_id: str
+    tokens: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """A request ended, by finish or abort; emitted after the step's StepEvent and StateEvent, or
+    after the abort's StateEvent. `step`: the step that ended it; for an abort, the next step's."""
+
+    request_id: str
+    reason: str
+    tokens: tuple[int, ...]
+    step: int
 
 
 @dataclass(frozen=True)
@@ -122,8 +144,8 @@ class RowState:
 class StateEvent:
     """The batch after a step (or after an abort): what a contract model is compared with."""
 
-    step: int
-    kind: str  # "prefill", "decode" or "idle"
+    step: int  # for an abort, the number of the step that comes next
+    kind: str  # "prefill", "decode", "idle" or "abort"
     admitted: str | None  # the request this step prefilled
     tkv: int
     rows: tuple[RowState, ...]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from runtime.block_pool import BlockPool
@@ -19,15 +20,20 @@ from runtime.errors import RequestError
 from runtime.events import RowState
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
 
+FINISH_REASONS = ("length", "stop", "abort")
+
 
 @dataclass
 class Request:
     request_id: str
     prompt: tuple[int, ...]
     max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
     output: list[int] = field(default_factory=list)
     left_pad: int = 0
     blocks: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # one of FINISH_REASONS once it has ended
 
     @property
     def num_cached(self) -> int:
@@ -40,6 +46,26 @@ class Request:
 
     def seq_state(self) -> SeqState:
         return SeqState(self.request_id, tuple(self.blocks), self.num_cached, self.left_pad)
+
+
+def projected_peak(tkv: int, decodes: Iterable[int]) -> int:
+    """DESIGN Volume.: the largest s * (tkv + 1) the batch's decode steps reach if nobody joins.
+    The k-th decode runs the rows with at least k steps left at tkv + k - 1; strips only lower it."""
+    d = sorted(n for n in decodes if n >= 1)
+    return max(((len(d) - j) * (tkv + n) for j, n in enumerate(d)), default=0)
+
+
+def token_ids(name: str, value: object, vocab: int) -> tuple[int, ...]:
+    """A request's list of token ids (`name` is its field), checked against the vocabulary."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise RequestError(f"{name} must be a list of ints, got {type(value).__name__}")
+    tokens = tuple(value)
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise RequestError(f"{name}: token {t!r} is not an int")
+        if not 0 <= t < vocab:
+            raise RequestError(f"{name}: token {t} is outside the vocabulary [0, {vocab})")
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -88,17 +114,10 @@ class Scheduler:
 
     def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
         """Check a request without touching any state; raise RequestError naming the fault."""
-        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
-            raise RequestError(f"prompt_token_ids must be a list of ints, got {type(prompt).__name__}")
-        tokens = list(prompt)
+        vocab = self.config.model.vocab_size
+        tokens = token_ids("prompt_token_ids", prompt, vocab)
         if not tokens:
             raise RequestError("prompt_token_ids is empty; give at least one token")
-        vocab = self.config.model.vocab_size
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise RequestError(f"prompt token {t!r} is not an int")
-            if not 0 <= t < vocab:
-                raise RequestError(f"prompt token {t} is outside the vocabulary [0, {vocab})")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise RequestError(f"max_tokens={max_tokens!r}: must be an integer >= 1")
         padded = math.ceil(len(tokens) / self.bs) * self.bs
@@ -107,12 +126,18 @@ class Scheduler:
                 f"request can never fit: prompt of {len(tokens)} tokens pads to {padded}, plus "
                 f"max_tokens={max_tokens} exceeds max_model_len={self.config.max_model_len}"
             )
+        if (peak := projected_peak(padded, [max_tokens - 1])) > (V := self.config.batch_tkv_limit):
+            raise RequestError(
+                f"request can never run: alone in the batch its decode steps reach {peak} positions (prompt of "
+                f"{len(tokens)} tokens padded to {padded}, plus max_tokens={max_tokens} - 1), above the volumetric "
+                f"limit max_batch_tkv_limit={V}"
+            )
         rid = self._fresh_id() if request_id is None else request_id
         if not isinstance(rid, str) or not rid:
             raise RequestError(f"request_id={request_id!r}: must be a non-empty string")
         if rid in self._ids:
             raise RequestError(f"request_id={rid!r} is already in use")
-        return tuple(tokens), max_tokens, rid
+        return tokens, max_tokens, rid
 
     def _fresh_id(self) -> str:
         n = self._next_id
@@ -120,13 +145,40 @@ class Scheduler:
             n += 1
         return f"req-{n}"
 
-    def add(self, prompt: object, max_tokens: object, request_id: object = None) -> str:
+    def add(
+        self,
+        prompt: object,
+        max_tokens: object,
+        request_id: object = None,
+        stop_token_ids: object = (),
+        ignore_eos: object = False,
+    ) -> str:
         tokens, mt, rid = self.validate(prompt, max_tokens, request_id)
+        stops = token_ids("stop_token_ids", stop_token_ids, self.config.model.vocab_size)
+        if not isinstance(ignore_eos, bool):
+            raise RequestError(f"ignore_eos={ignore_eos!r}: must be True or False")
         if request_id is None:
             self._next_id = int(rid.removeprefix("req-")) + 1
         self._ids.add(rid)
-        self.waiting.append(Request(rid, tokens, mt))
+        self.waiting.append(Request(rid, tokens, mt, stops, ignore_eos))
         return rid
+
+    def abort(self, request_id: object) -> Request:
+        """End a waiting or running request between steps (DESIGN Abort.): a running one returns
+        its blocks and reservation at once, and the strip follows, so the next step sees it."""
+        req = next((r for r in (*self.waiting, *self.running) if r.request_id == request_id), None)
+        if req is None:
+            why = "it has ended" if isinstance(request_id, str) and request_id in self._ids else "no such request"
+            raise RequestError(f"cannot abort request_id={request_id!r}: {why}")
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.finish_reason = "abort"
+            return req
+        if self._plan is not None:  # only after a step's kernels raised: its rows are still in flight
+            raise RequestError(f"cannot abort request_id={request_id!r} while a scheduled step is unfinished")
+        self._end(req, "abort")
+        self._strip()
+        return req
 
     def schedule(self) -> StepPlan | None:
         """The next step, laid out; None when there is nothing to do. The head of the queue is
@@ -156,11 +208,25 @@ class Scheduler:
         assert plan is not None, "postprocess follows schedule"
         rows = [plan.admission.request] if plan.admission is not None else self.running
         assert len(tokens) == len(rows), f"{len(tokens)} tokens for {len(rows)} rows"
-        for r, t in zip(rows, tokens, strict=True):
+        done = []
+        for r, t in zip(list(rows), tokens, strict=True):
             r.output.append(t)
+            reason = self.finish_reason(r)
+            if reason is not None:
+                self._end(r, reason)
+                done.append(r)
         if plan.admission is None:
             self.tkv += 1  # every decoded row cached one more token
-        return self._settle()
+        self._strip()
+        return done
+
+    def finish_reason(self, r: Request) -> str | None:
+        """Why `r` ends after the token it just generated, or None. A stop token wins over
+        max_tokens, as in vLLM, and stays in the output."""
+        t = r.output[-1]
+        if t in r.stop_token_ids or (t == self.config.model.eos_token_id and not r.ignore_eos):
+            return "stop"
+        return "length" if r.remaining == 0 else None
 
     def next_admission(self) -> Admission | None:
         """The head of the queue, if it can join now (arrival order: nobody overtakes it)."""
@@ -175,6 +241,9 @@ class Scheduler:
             tkv = self.tkv + shift
         L = self.config.max_model_len
         if tkv + req.max_tokens > L or any(tkv + r.remaining > L for r in self.running):
+            return None
+        decodes = [req.max_tokens - 1, *(r.remaining for r in self.running)]
+        if projected_peak(tkv, decodes) > self.config.batch_tkv_limit:
             return None
         lp = tkv - p
         need = math.ceil((tkv + req.max_tokens - 1) / bs) - lp // bs
@@ -212,14 +281,12 @@ class Scheduler:
             RowState(r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), n) for r, n in rows
         )
 
-    def _settle(self) -> list[Request]:
-        done = [r for r in self.running if r.remaining == 0]
-        for r in done:
-            self.running.remove(r)
-            self.pool.free(r.request_id, r.blocks)
-            self.pool.release(r.request_id)
-        self._strip()
-        return done
+    def _end(self, r: Request, reason: str) -> None:
+        """A running request ends: its blocks and what is left of its reservation return."""
+        r.finish_reason = reason
+        self.running.remove(r)
+        self.pool.free(r.request_id, r.blocks)
+        self.pool.release(r.request_id)
 
     def _strip(self) -> None:
         if not self.running:

@@ -5,7 +5,8 @@
 engine with nothing to do while arrivals are still to come skips ahead to the next
 arrival, keeping the gaps between the later ones. It drives anything with the engine's
 serving face: `runtime.engine.Engine`, the tensor-free `spyre_verify.sim.Sim`, or the
-benchmark's engines in lockstep.
+benchmark's engines in lockstep. A workload's `Abort` items abort the request of an
+earlier arrival between steps, as a client that goes away does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from runtime.errors import RequestError
-from spyre_verify.workload import Arrival
+from spyre_verify.workload import Abort, Arrival, Item
 
 DRAINED, DEADLINE, MAX_STEPS, IDLE, STALL = None, "deadline", "max_steps", "idle", "stall"
 
@@ -27,7 +28,11 @@ class Servable(Protocol):
     @property
     def steps(self) -> int: ...
 
-    def add_request(self, prompt_token_ids: object, max_tokens: object) -> str: ...
+    def add_request(
+        self, prompt_token_ids: object, max_tokens: object, *, stop_token_ids: object = (), ignore_eos: object = False
+    ) -> str: ...
+
+    def abort(self, request_id: object) -> Any: ...
 
     def step(self) -> Any: ...
 
@@ -35,19 +40,21 @@ class Servable(Protocol):
 
 
 class Feed:
-    """Arrivals in step order, looked at one ahead; resumable across `serve` calls.
+    """Arrivals (and aborts) in step order, looked at one ahead; resumable across `serve` calls.
 
     Arrival step `s` is due before engine step `offset + s`. An idle skip-ahead moves
     the offset, so the arrivals after the next keep their gaps. The arrivals may be an
-    endless iterator.
+    endless iterator. `ids` holds the request id of every arrival submitted so far
+    (None: refused), which an `Abort` names by its index.
     """
 
-    def __init__(self, arrivals: Iterable[Arrival], offset: int = 0) -> None:
+    def __init__(self, arrivals: Iterable[Item], offset: int = 0) -> None:
         self._rest = iter(arrivals)
-        self.head: Arrival | None = next(self._rest, None)
+        self.head: Item | None = next(self._rest, None)
         self.offset = offset
+        self.ids: list[str | None] = []
 
-    def due(self, now: int) -> Arrival | None:
+    def due(self, now: int) -> Item | None:
         """Take the next arrival if it is due before engine step `now`."""
         head = self.head
         if head is None or head.step + self.offset > now:
@@ -66,6 +73,8 @@ class ServeStats:
     submitted: int = 0  # arrivals handed to add_request
     accepted: int = 0
     rejected: int = 0
+    aborted: int = 0  # aborts the engine carried out
+    abort_missed: int = 0  # aborts of a request already ended, or refused at add
     steps: int = 0  # steps served
     # Why it stopped before every arrival was served and the engine drained: DEADLINE,
     # MAX_STEPS, IDLE (with skip_idle=False) or STALL (a step that did not advance); None: drained.
@@ -73,14 +82,17 @@ class ServeStats:
 
 
 Rejected = Callable[[Arrival, RequestError], None]
+# An abort with nothing left to abort, and the request id it named (None: its arrival was refused).
+Missed = Callable[[Abort, str | None], None]
 
 
 def serve(
     engine: Servable,
-    arrivals: Iterable[Arrival] | Feed,
+    arrivals: Iterable[Item] | Feed,
     *,
     on_rejected: Rejected | None = None,
     on_step: Callable[[Any, ServeStats], None] | None = None,
+    on_missed: Missed | None = None,
     deadline: float | None = None,
     max_steps: int | None = None,
     skip_idle: bool = True,
@@ -90,11 +102,13 @@ def serve(
 
     Plain `arrivals` count their steps from the engine's step count now; pass a `Feed`
     to resume a stream across calls. A request `add_request` refuses goes to
-    `on_rejected`; without one the `RequestError` propagates. `on_step(result, stats)`
-    follows every step. It stops early, naming why in `stats.stopped`: past `deadline`
-    (a `time.monotonic()` value; nothing more is submitted or stepped), after
-    `max_steps` steps with work left, or, with `skip_idle=False`, when the engine idles
-    while arrivals are still to come. Counts go into `stats` when given, so a caller
+    `on_rejected`; without one the `RequestError` propagates. An `Abort` whose request
+    has already ended (or was refused) is counted in `stats.abort_missed` and shown to
+    `on_missed(abort, request_id)`. `on_step(result, stats)` follows every step. It
+    stops early, naming why in `stats.stopped`: past `deadline` (a `time.monotonic()`
+    value; nothing more is submitted or stepped), after `max_steps` steps with work
+    left, or, with `skip_idle=False`, when the engine idles while arrivals are still to
+    come. Counts go into `stats` when given, so a caller
     keeps them when a step raises.
     """
     feed = arrivals if isinstance(arrivals, Feed) else Feed(arrivals, engine.steps)
@@ -104,7 +118,10 @@ def serve(
             stats.stopped = DEADLINE
             return stats
         while (a := feed.due(engine.steps)) is not None:
-            _submit(engine, a, stats, on_rejected)
+            if isinstance(a, Abort):
+                _abort(engine, feed, a, stats, on_missed)
+            else:
+                feed.ids.append(_submit(engine, a, stats, on_rejected))
         if not engine.has_work():
             if feed.head is None:
                 stats.stopped = DRAINED
@@ -127,17 +144,35 @@ def serve(
             on_step(result, stats)
 
 
-def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Rejected | None) -> None:
+def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Rejected | None) -> str | None:
+    """Add one arrival; its request id, or None when refused."""
     stats.submitted += 1
     try:
-        engine.add_request(list(a.prompt), a.max_tokens)
+        rid = engine.add_request(list(a.prompt), a.max_tokens, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
     except RequestError as e:
         stats.rejected += 1
         if on_rejected is None:
             raise
         on_rejected(a, e)
-        return
+        return None
     stats.accepted += 1
+    return rid
+
+
+def _abort(engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed: Missed | None) -> None:
+    if not 0 <= a.ref < len(feed.ids):
+        raise ValueError(f"{a}: the workload has no earlier arrival #{a.ref} to abort ({len(feed.ids)} so far)")
+    rid = feed.ids[a.ref]
+    try:
+        if rid is not None:
+            engine.abort(rid)
+            stats.aborted += 1
+            return
+    except RequestError:  # it has already ended: the client left too late, as clients do
+        pass
+    stats.abort_missed += 1
+    if on_missed is not None:
+        on_missed(a, rid)
 
 
 def ignore(arrival: Arrival, error: RequestError) -> None:

@@ -17,19 +17,20 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from spyre_verify.oracle.walk import Action, reachable
 from spyre_verify.serve_loop import IDLE, MAX_STEPS, Servable, ServeStats, serve
-from spyre_verify.workload import Arrival
+from spyre_verify.workload import Abort, Arrival, Item
 
 
 class PlanError(Exception):
     """A scenario did not run as the walk says it must: the engine went idle with
-    arrivals still to come, or was still busy after its step limit."""
+    arrivals still to come, was still busy after its step limit, or an abort found its
+    request already ended."""
 
 
 @dataclass(frozen=True)
 class Scenario:
     target: Bucket
     path: tuple[Action, ...]  # the walk's witness: its last action dispatches `target`
-    arrivals: tuple[Arrival, ...]  # `step` counts from the scenario's first step
+    arrivals: tuple[Item, ...]  # `step` counts from the scenario's first step
 
     @property
     def witness(self) -> str:
@@ -41,14 +42,22 @@ def prompt(length: int, vocab: int, salt: int = 0) -> tuple[int, ...]:
     return tuple((7 * i + 3 + 11 * salt) % vocab for i in range(length))
 
 
-def arrivals(path: tuple[Action, ...], vocab: int) -> tuple[Arrival, ...]:
-    """A join at position i is a request added just before step i; a decode adds nothing."""
-    out: list[Arrival] = []
-    for i, action in enumerate(path):
+def arrivals(path: tuple[Action, ...], vocab: int) -> tuple[Item, ...]:
+    """A join is a request added just before the step that prefills it; an abort, between
+    two steps, aborts the request of the witness's index-th join; a decode adds nothing."""
+    out: list[Item] = []
+    step = joins = 0
+    for action in path:
+        if action.kind == "abort":
+            out.append(Abort(step, action.index))
+            continue  # between steps: it takes none
         if action.kind == "join":
-            out.append(Arrival(i, prompt(action.prompt_len, vocab, len(out)), action.max_tokens))
+            # ignore_eos: the witness needs every request to run its whole max_tokens.
+            out.append(Arrival(step, prompt(action.prompt_len, vocab, joins), action.max_tokens, ignore_eos=True))
+            joins += 1
         elif action.kind != "decode":
-            raise ValueError(f"witness action {action}: only 'join' and 'decode' can be replayed as arrivals")
+            raise ValueError(f"witness action {action}: only 'join', 'decode' and 'abort' can be replayed")
+        step += 1
     return tuple(out)
 
 
@@ -70,11 +79,12 @@ def step_limit(config: RuntimeConfig) -> int:
     return 4 * config.max_model_len + 8
 
 
-def drive(engine: Servable, pending_arrivals: tuple[Arrival, ...], max_steps: int) -> list[Bucket]:
+def drive(engine: Servable, pending_arrivals: tuple[Item, ...], max_steps: int) -> list[Bucket]:
     """Run one scenario from an idle engine until idle again; the buckets it dispatched, in order.
 
-    A witness has no idle gaps and no refused request: an engine that idles with
-    arrivals still to come is a `PlanError` (not skipped over), and a refusal raises.
+    A witness has no idle gaps, no refused request and no abort of an ended request: an
+    engine that idles with arrivals still to come, or an abort with nothing to abort, is a
+    `PlanError` (not skipped over), and a refusal raises.
     """
     dispatched: list[Bucket] = []
 
@@ -82,11 +92,15 @@ def drive(engine: Servable, pending_arrivals: tuple[Arrival, ...], max_steps: in
         if getattr(result, "bucket", None) is not None:
             dispatched.append(result.bucket)
 
-    stats = serve(engine, pending_arrivals, on_step=record, max_steps=max_steps, skip_idle=False)
+    def missed(a: Abort, rid: str | None) -> None:
+        raise PlanError(f"{a}: request {rid} of arrival #{a.ref} had already ended")
+
+    stats = serve(engine, pending_arrivals, on_step=record, on_missed=missed, max_steps=max_steps, skip_idle=False)
     if stats.stopped == MAX_STEPS:
         raise PlanError(f"scenario still busy after {max_steps} steps")
     if stats.stopped is not None:
-        pending, what = len(pending_arrivals) - stats.submitted, "idle" if stats.stopped == IDLE else "stalled"
+        joins = sum(isinstance(a, Arrival) for a in pending_arrivals)
+        pending, what = joins - stats.submitted, "idle" if stats.stopped == IDLE else "stalled"
         raise PlanError(f"engine {what} at step {stats.steps} with {pending} arrivals pending")
     return dispatched
 

@@ -1,10 +1,12 @@
-"""Seeded request workloads: arrivals, prompt lengths and max_tokens that always fit."""
+"""Seeded request workloads: arrivals, prompt lengths and max_tokens that always fit, and,
+on request, the ways a request ends early (stop tokens, ignore_eos, aborts)."""
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal, overload
 
 from runtime.config import RuntimeConfig
 
@@ -14,10 +16,40 @@ class Arrival:
     step: int  # the engine step before which the request is added
     prompt: tuple[int, ...]
     max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
 
-def seeded_workload(config: RuntimeConfig, requests: int, seed: int = 0) -> list[Arrival]:
-    """Bursts and trickles of short and long prompts, so batches grow, shift and strip."""
+@dataclass(frozen=True)
+class Abort:
+    """A client that goes away: before engine step `step`, abort the request of the workload's
+    `ref`-th Arrival (counting from 0). One that has already ended, or was refused, is a miss."""
+
+    step: int
+    ref: int
+
+
+Item = Arrival | Abort  # a workload is a list of items in step order
+
+# Early endings in a workload (`endings=True`): the shares of requests that carry stop token
+# ids, that set ignore_eos, and that are aborted; and how many steps after arrival an abort
+# comes (0: still waiting; later: running, or already done).
+STOP_SHARE, IGNORE_EOS_SHARE, ABORT_SHARE = 0.3, 0.1, 0.1
+ABORT_DELAYS = (0, 1, 2, 4, 8, 16)
+
+
+@overload
+def seeded_workload(
+    config: RuntimeConfig, requests: int, seed: int = 0, *, endings: Literal[False] = False
+) -> list[Arrival]: ...
+@overload
+def seeded_workload(config: RuntimeConfig, requests: int, seed: int = 0, *, endings: bool) -> list[Item]: ...
+def seeded_workload(
+    config: RuntimeConfig, requests: int, seed: int = 0, *, endings: bool = False
+) -> list[Arrival] | list[Item]:
+    """Bursts and trickles of short and long prompts, so batches grow, shift and strip.
+    `endings` mixes in stop tokens, ignore_eos and aborts (`with_endings`); the requests
+    themselves are the same either way."""
     rng = random.Random(seed)
     bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
     out, step = [], 0
@@ -31,7 +63,24 @@ def seeded_workload(config: RuntimeConfig, requests: int, seed: int = 0) -> list
             p, room = 1, max(1, L - bs)  # where nothing fits (L <= bs) the engine rejects it
         mt = rng.choice([1, rng.randint(1, room), room])
         out.append(Arrival(step, tuple(rng.randrange(vocab) for _ in range(p)), max(1, mt)))
-    return out
+    return with_endings(config, out, seed) if endings else out
+
+
+def with_endings(config: RuntimeConfig, arrivals: list[Arrival], seed: int = 0) -> list[Item]:
+    """The arrivals with early endings mixed in, from a second seeded stream: about STOP_SHARE
+    of them get 2 to 16 stop token ids, IGNORE_EOS_SHARE set ignore_eos, and ABORT_SHARE are
+    aborted ABORT_DELAYS steps after they arrive. In step order; an abort follows its arrival."""
+    rng = random.Random(f"endings-{seed}")
+    vocab = config.model.vocab_size
+    timed: list[tuple[int, int, Item]] = []  # (step, order of creation, item): a stable merge
+    for i, a in enumerate(arrivals):
+        k = min(vocab, rng.choice([2, 4, 8, 16]))
+        stops = tuple(sorted(rng.sample(range(vocab), k))) if rng.random() < STOP_SHARE else ()
+        timed.append((a.step, len(timed), replace(a, stop_token_ids=stops, ignore_eos=rng.random() < IGNORE_EOS_SHARE)))
+        if rng.random() < ABORT_SHARE:
+            at = a.step + rng.choice(ABORT_DELAYS)
+            timed.append((at, len(timed), Abort(at, i)))
+    return [item for _, _, item in sorted(timed, key=lambda t: t[:2])]
 
 
 def boundary_arrivals(config: RuntimeConfig) -> list[Arrival]:

@@ -104,10 +104,14 @@ class Lockstep:
     def has_work(self) -> bool:
         return self.lead.has_work()
 
-    def add_request(self, prompt_token_ids: object, max_tokens: object) -> str:
+    def add_request(self, prompt_token_ids: object, max_tokens: object, **ends: object) -> str:
         # One config: every engine accepts or refuses alike, so the first refusal stands for all.
-        ids = [r.engine.add_request(prompt_token_ids, max_tokens) for r in self.rigs]
+        ids = [r.engine.add_request(prompt_token_ids, max_tokens, **ends) for r in self.rigs]
         return ids[0]
+
+    def abort(self, request_id: object) -> None:
+        for r in self.rigs:
+            r.engine.abort(request_id)
 
     def step(self) -> None:
         """One step on every engine, timed, in an order that rotates each step."""

@@ -1,11 +1,13 @@
 """The judge of "padding never changes a token": the same model, unpadded, unpaged and
 eager, one sequence at a time, recomputing its whole prefix each step (DESIGN "Padding
-never changes results"). It uses the model's layers, never paged attention or padding.
+never changes results"). It uses the model's layers, never paged attention or padding,
+and ends a run where DESIGN's "Finish." ends a request.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,7 @@ from runtime.model import TinyTransformer
 class ReferenceRun:
     tokens: tuple[int, ...]
     logits: tuple[torch.Tensor, ...]  # one [vocab] row per generated token
+    reason: str = "length"  # or "stop": it ended on a stop token, the last of `tokens`
 
 
 def forward(model: TinyTransformer, token_ids: list[int]) -> torch.Tensor:
@@ -34,7 +37,16 @@ def forward(model: TinyTransformer, token_ids: list[int]) -> torch.Tensor:
     return model.logits(x[-1:])[0]
 
 
-def generate(model: TinyTransformer, prompt: list[int], max_tokens: int) -> ReferenceRun:
+def generate(
+    model: TinyTransformer,
+    prompt: list[int],
+    max_tokens: int,
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+) -> ReferenceRun:
+    """Greedy tokens up to `max_tokens`, or up to and including the first stop token: one of
+    `stop_token_ids`, or the model's EOS unless `ignore_eos` (DESIGN "Finish.")."""
+    stops = set(stop_token_ids) | (set() if ignore_eos else {model.dims.eos_token_id})
     seq, out, logits = list(prompt), [], []
     with torch.no_grad():
         for _ in range(max_tokens):
@@ -43,4 +55,6 @@ def generate(model: TinyTransformer, prompt: list[int], max_tokens: int) -> Refe
             logits.append(row)
             out.append(token)
             seq.append(token)
+            if token in stops:
+                return ReferenceRun(tuple(out), tuple(logits), "stop")
     return ReferenceRun(tuple(out), tuple(logits))

@@ -92,10 +92,10 @@ def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes(monkey
     good = coverage_scenarios(config)
     real_add = Engine.add_request
 
-    def add(self: Engine, prompt: Any, max_tokens: Any, request_id: Any = None) -> str:
+    def add(self: Engine, prompt: Any, max_tokens: Any, request_id: Any = None, **kw: Any) -> str:
         if list(prompt) == [0] * 3:  # the planted scenario's prompt: the runtime breaks mid-scenario
             raise RuntimeError("pool corrupted")
-        return str(real_add(self, prompt, max_tokens, request_id))
+        return str(real_add(self, prompt, max_tokens, request_id, **kw))
 
     monkeypatch.setattr(Engine, "add_request", add)
     bad = Scenario(good[0].target, (), (Arrival(0, (1,), 3), Arrival(1, (0,) * 3, 1)))

@@ -8,9 +8,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Issue 13 asks for 1,550 (`cat runtime/*.py | wc -l`). Moving the reference and the KV
 # checksum out, merging one-concept files and compacting took it from 1,970 to 1,809;
-# the rest is code (about 1,030 lines), imports and the blank lines ruff format requires.
-# This guards the ground won until a cut of real code is decided.
-RUNTIME_LINE_BUDGET = 1_820
+# the rest is code, imports and the blank lines ruff format requires. Issue 15's stop
+# tokens, aborts and volumetric limit then added about 150 lines of real rules. This
+# guards the ground won until a cut of real code is decided.
+RUNTIME_LINE_BUDGET = 1_960
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:

@@ -15,7 +15,7 @@ from runtime.engine import Engine
 from spyre_verify.oracle.walk import Action, reachable
 from spyre_verify.sim import Sim
 from spyre_verify.traffic import PlanError, Scenario, arrivals, coverage_scenarios, drive, run_scenario, step_limit
-from spyre_verify.workload import Arrival
+from spyre_verify.workload import Abort, Arrival
 
 DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
@@ -49,11 +49,12 @@ def test_one_scenario_per_reachable_bucket_built_from_its_witness() -> None:
     vocab = DEFAULT.model.vocab_size
     for s in scenarios:
         assert s.path == found.witnesses[s.target]
-        joins = [(i, a) for i, a in enumerate(s.path) if a.kind == "join"]
-        assert [(a.step, len(a.prompt), a.max_tokens) for a in s.arrivals] == [
+        steps = [a for a in s.path if a.kind != "abort"]  # an abort comes between steps
+        joins = [(i, a) for i, a in enumerate(steps) if a.kind == "join"]
+        assert [(a.step, len(a.prompt), a.max_tokens) for a in s.arrivals if isinstance(a, Arrival)] == [
             (i, j.prompt_len, j.max_tokens) for i, j in joins
         ]
-        assert all(0 <= t < vocab for a in s.arrivals for t in a.prompt)
+        assert all(0 <= t < vocab for a in s.arrivals if isinstance(a, Arrival) for t in a.prompt)
 
 
 KERNEL_ORDER = ["decode", "batched", "prefill"]
@@ -64,8 +65,15 @@ def test_decodes_add_no_arrival_and_prompts_differ_between_joins() -> None:
     first, second = arrivals(path, vocab=50)
     assert (first.step, second.step) == (0, 2)
     assert first.prompt != second.prompt and len(first.prompt) == len(second.prompt) == 3
-    with pytest.raises(ValueError, match="only 'join' and 'decode'"):
-        arrivals((Action("abort"),), vocab=50)
+    with pytest.raises(ValueError, match="only 'join', 'decode' and 'abort'"):
+        arrivals((Action("finish"),), vocab=50)
+
+
+def test_an_abort_between_steps_names_its_join_and_takes_no_step() -> None:
+    path = (Action("join", 3, 4), Action("join", 2, 4), Action("abort", index=0), Action("decode"))
+    a, b, abort = arrivals(path, vocab=50)
+    assert (a.step, b.step, abort) == (0, 1, Abort(2, 0))
+    assert a.ignore_eos and b.ignore_eos  # a witness needs every request to run its max_tokens
 
 
 @settings(derandomize=True, deadline=None, max_examples=80)
@@ -73,7 +81,8 @@ def test_decodes_add_no_arrival_and_prompts_differ_between_joins() -> None:
 def test_every_witness_dispatches_its_bucket_on_the_runtime(config: RuntimeConfig) -> None:
     for s in coverage_scenarios(config):
         seen = drive(Sim(config), s.arrivals, step_limit(config))
-        assert seen[len(s.path) - 1] == s.target, (s.witness, seen)
+        steps = sum(a.kind != "abort" for a in s.path)  # an abort comes between steps
+        assert seen[steps - 1] == s.target, (s.witness, seen)
 
 
 def test_every_witness_dispatches_its_bucket_on_a_real_engine() -> None:
