@@ -1,6 +1,6 @@
 """SpyreAttnBucketer: the single source of truth for every ladder and every bucket.
 Enumeration prunes exactly the buckets no valid batch state can dispatch to (closed
-form in `runtime.reachability`) and keeps the reason for each."""
+form in `runtime.reachability`) and keeps the reason for each, with its rule."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from functools import cached_property
 
 from runtime import ladders
 from runtime.config import RuntimeConfig
-from runtime.reachability import Limits, decode_reachable, min_decode_pool, min_prefill_pool, prefill_reachable
+from runtime.reachability import Cost, Limits, decode_costs, prefill_costs
 
 DECODE = "decode"
 BATCHED = "batched"
@@ -71,10 +71,19 @@ class Bucket:
         return Bucket(kernel, KEY_TYPES[kernel](*values))
 
 
+# A reason's rule, by how the reason starts; any other reason: no batch state reaches it at all.
+RULES = {"volume": "volume", "pool": "pool", "batched": "disabled", "flags": "flags", "needs_gather": "gather"}
+
+
 @dataclass(frozen=True)
 class Pruned:
     bucket: Bucket
     reason: str
+
+    @property
+    def rule(self) -> str:
+        """A short code for the reason: disabled, flags, gather, pool, volume or unreachable."""
+        return next((rule for start, rule in RULES.items() if self.reason.startswith(start)), "unreachable")
 
 
 class SpyreAttnBucketer:
@@ -84,7 +93,7 @@ class SpyreAttnBucketer:
         self.kv_blocks = ladders.kv_blocks_ladder(bs, L, config.kv_buckets)
         self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.min_batched_seqs)
         self.prefill_tokens = ladders.prefill_ladder(bs, L)
-        self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks)
+        self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks, config.batch_tkv_limit)
 
     def kv_rung(self, blocks: int) -> int:
         return ladders.round_up(self.kv_blocks, blocks, "KV blocks")
@@ -149,19 +158,12 @@ class SpyreAttnBucketer:
         batched = self.config.batched_decode and bool(self.num_seqs)
         return range(1, (self.config.min_batched_seqs if batched else self.config.max_num_seqs + 1))
 
-    def _tkvs(self, blocks: range) -> range:
-        bs = self.config.block_size
-        return range((blocks.start - 1) * bs, blocks.stop * bs - bs)
-
     def _why_not_decode(self, seqs: range, blocks: range) -> str | None:
         lim = self.limits
-        tkvs = self._tkvs(blocks)
-        if any(decode_reachable(lim, s, t) for s in seqs for t in tkvs):
-            return None
-        needs = [p for s in seqs for t in tkvs if (p := min_decode_pool(lim, s, t)) is not None]
+        costs = [c for s in seqs for m in blocks for c in decode_costs(lim, s, m)]
         where = f"{_span(seqs)} seqs at {_span(blocks)} blocks"
-        if needs:
-            return f"pool too tight: {where} needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
+        if costs:
+            return _too_costly(lim, costs, where)
         L = lim.max_model_len
         runs = f"decode runs at tkv {_span(range(1, L - 1))}" if L >= 3 else f"max_model_len={L} leaves no decode step"
         return f"no batch state decodes {where} ({runs})"
@@ -177,14 +179,21 @@ class SpyreAttnBucketer:
         return self._why_not_decode(seqs, self._kv_members(kv))
 
     def _why_not_prefill(self, tokens: int) -> str | None:
-        bs, lim = self.config.block_size, self.limits
-        tkvs = range(tokens - bs + 1, tokens + 1)
-        if any(prefill_reachable(lim, t) for t in tkvs):
-            return None
-        needs = [p for t in tkvs if (p := min_prefill_pool(lim, t)) is not None]
-        if needs:
-            return f"pool too tight: a prefill padded to {tokens} tokens needs {min(needs)} usable blocks, the pool has {lim.usable_blocks}"
-        return f"no prefill pads to {tokens} tokens under max_model_len={lim.max_model_len}"
+        costs = prefill_costs(self.limits, tokens // self.config.block_size)
+        if costs:
+            return _too_costly(self.limits, costs, f"a prefill padded to {tokens} tokens")
+        return f"no prefill pads to {tokens} tokens under max_model_len={self.limits.max_model_len}"
+
+
+def _too_costly(lim: Limits, costs: list[Cost], what: str) -> str | None:
+    """None when one way in fits the pool and the limit; else the bound that rules it out."""
+    if lim.fits(costs):
+        return None
+    U, V = lim.usable_blocks, lim.batch_tkv_limit
+    peaks = [v for p, v in costs if p <= U]
+    if peaks:  # the pool allows it: the limit alone removes it
+        return f"volume: {what} needs a projected peak of {min(peaks)} positions, above max_batch_tkv_limit={V}"
+    return f"pool too tight: {what} needs {min(p for p, _ in costs)} usable blocks, the pool has {U}"
 
 
 def _span(r: range) -> str:

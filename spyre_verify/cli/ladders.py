@@ -29,10 +29,13 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
         "prefill_tokens": list(b.prefill_tokens),
         "num_blocks": c.total_blocks,
         "usable_blocks": c.usable_blocks,
+        "max_batch_tkv_limit": c.batch_tkv_limit,
         "buckets": {k: [list(x.key.values()) for x in b.buckets(k)] for k in KERNELS},
         "counts": {k: len(b.buckets(k)) for k in KERNELS},
+        # `rule` is a short code for the reason: disabled, flags, gather, pool, volume or unreachable.
         "pruned": [
-            {"kernel": p.bucket.kernel, "key": list(p.bucket.key.values()), "reason": p.reason} for p in b.pruned()
+            {"kernel": p.bucket.kernel, "key": list(p.bucket.key.values()), "rule": p.rule, "reason": p.reason}
+            for p in b.pruned()
         ],
     }
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     c = b.config
     print(
         f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
-        f"pool={c.total_blocks} blocks ({c.usable_blocks} usable)"
+        f"pool={c.total_blocks} blocks ({c.usable_blocks} usable) max_batch_tkv_limit={c.batch_tkv_limit}"
     )
     if c.max_model_len % c.block_size:  # legal, and said: the ladders count whole blocks
         top = c.max_blocks_per_seq * c.block_size
@@ -62,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
     pruned = b.pruned()
     print(f"{'pruned':>15}: {len(pruned)}")
     for p in pruned:
-        print(f"  {p.bucket}: {p.reason}")
+        print(f"  {p.bucket}: [{p.rule}] {p.reason}")
     return 0

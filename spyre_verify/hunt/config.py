@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from runtime.config import ENV_BACKEND, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.config import ENV_BACKEND, ENV_BATCH_TKV, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify.hunt.findings import Finding, from_runtime
 from spyre_verify.hunt.strategies import BLOCK_SIZES, BOOLS, draw_kv_override, ints
@@ -29,7 +29,14 @@ _EDGE_FLAGS = st.sampled_from(("2", "true", "", "01", "-1", "1", " 0"))
 _BACKENDS = st.sampled_from(("eager", "aot_eager", "inductor", " eager"))
 _EDGE_BACKENDS = st.sampled_from(("cuda", "Eager", "", " eager", "inductor\t", "aot-eager"))
 _JUNK = st.sampled_from(("", " ", "a", "+{}", "0{}", "{}.0", "-{}", "{} ", "0000000000000000000{}", "{}{}"))
-DEFECTS = ("none", "block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv", "batched", "backend")
+# The volumetric limit: its env text near the rule (a positive integer; blanks around it are
+# ignored as for every SPYRE_* value), and kwargs that are not positive ints.
+_LIMIT_TEXTS = st.sampled_from(("{}", " {}", "{} ", "0{}", "{}\n"))
+_EDGE_LIMIT_TEXTS = st.sampled_from(
+    ("0", "-1", "", " ", "-{}", "+{}", "{}.0", "1e3", "{} {}", "0x10", "\u0663", "9" * 19)
+)
+_EDGE_LIMITS = st.sampled_from((0, -1, True, False, 4.0, "20", None))
+DEFECTS = ("none", "block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv", "batched", "backend", "tkv_limit")
 
 
 def draw_raw_rungs(draw: st.DrawFn, bs: int, top: int) -> str:
@@ -75,7 +82,26 @@ def draw_raw_config(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
     if not draw(ints(0, 3)):
         top = per_seq * good
         kwargs["kv_buckets"] = tuple(sorted({top, good * draw(ints(1, max(1, per_seq)))}))
+    draw_raw_limit(draw, kwargs, env, defect == "tkv_limit", good, L, S)
     return kwargs, env
+
+
+def draw_raw_limit(
+    draw: st.DrawFn, kwargs: dict[str, Any], env: dict[str, str], defect: bool, bs: int, L: object, S: object
+) -> None:
+    """The volumetric limit as a kwarg, an env value or both (the env wins): from binding (1, a
+    padded prompt plus a token) to never binding (max_model_len * max_num_seqs and past it);
+    with `defect`, a kwarg or an env text that is not a positive integer."""
+    length = L if type(L) is int and L > 0 else 16
+    seqs = S if type(S) is int and 0 < S <= 8 else 4
+    values = (1, 2, bs + 1, 2 * bs + 4, length - 1, length, 2 * length, length * seqs - 1, length * seqs, 10**12)
+    value = max(1, values[draw(ints(0, len(values) - 1))])
+    where = draw(ints(0, 3)) if not defect else 1 + draw(ints(0, 1))  # 0: unset, 1: kwarg, 2: env, 3: both
+    if where in (1, 3):
+        kwargs["max_batch_tkv_limit"] = draw(_EDGE_LIMITS) if defect and where == 1 else value
+    if where in (2, 3):
+        text = draw(_EDGE_LIMIT_TEXTS) if defect else draw(_LIMIT_TEXTS)
+        env[ENV_BATCH_TKV] = text.format(value, value)
 
 
 raw_configs = st.composite(draw_raw_config)
@@ -112,7 +138,7 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
             )
         ]
     r = accept.reading(kwargs, env)
-    got = accept.Reading(c.kv_buckets, c.batched_decode, c.backend)
+    got = accept.Reading(c.kv_buckets, c.batched_decode, c.backend, c.max_batch_tkv_limit)
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"
         return [Finding("config", "config-acceptance", msg, None, c, details=where)]

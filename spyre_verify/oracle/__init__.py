@@ -7,7 +7,7 @@ the actual answer together. It may import the runtime's plain types (`Bucket`,
 `RuntimeConfig`) and its config parser, to build a config.
 
 - `derive`: ladders from a config, the bucket key of any batch shape.
-- `walk`: the reachable set, by walking every add/step/finish sequence.
+- `walk`: the reachable set, by walking every add/step/finish/abort sequence under the pool and the volumetric limit.
 - `model`: the scheduling rules as a lockstep model, compared with the engine after every step.
 - `reference`: the unpadded, unpaged, eager run of the same model that outputs are compared with.
 """

@@ -17,8 +17,18 @@ from dataclasses import dataclass
 ENV_KV = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
+ENV_TKV_LIMIT = "SPYRE_MAX_BATCH_TKV_LIMIT"
 BACKEND_NAMES = ("eager", "aot_eager", "inductor")
-KWARGS = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv_buckets", "batched_decode", "backend")
+KWARGS = (
+    "block_size",
+    "max_model_len",
+    "max_num_seqs",
+    "num_blocks",
+    "kv_buckets",
+    "batched_decode",
+    "backend",
+    "max_batch_tkv_limit",
+)
 # The runtime's documented size limits (its messages name them): past any real config.
 MAX_SEQ_BLOCKS = 8192
 MAX_SEQS = 4096
@@ -32,6 +42,7 @@ DEFAULTS: dict[str, object] = {
     "kv_buckets": None,
     "batched_decode": True,
     "backend": "inductor",
+    "max_batch_tkv_limit": None,
 }
 
 
@@ -42,6 +53,7 @@ class Reading:
     kv_tokens: tuple[int, ...] | None  # the KV override in tokens, increasing; None: the default ladder
     batched: bool
     backend: str
+    tkv_limit: int | None = None  # max_batch_tkv_limit as set (the env wins); None: unset, never binding
 
 
 def _count(value: object) -> bool:
@@ -63,6 +75,14 @@ def _token_list(text: str) -> tuple[int, ...] | str:
     return tuple(values)
 
 
+def _positive(text: str) -> int | None:
+    """An env count: ASCII digits (surrounding blanks ignored, like every SPYRE_* value) worth at least 1."""
+    t = text.strip()
+    if not t or len(t) > MAX_DIGITS or not all("0" <= ch <= "9" for ch in t) or int(t) < 1:
+        return None
+    return int(t)
+
+
 def _env_problem(env: Mapping[str, str]) -> str | None:
     if ENV_BATCHED in env and env[ENV_BATCHED].strip() not in ("0", "1"):
         return f"{ENV_BATCHED}={env[ENV_BATCHED]!r} is not 0 or 1"
@@ -72,6 +92,8 @@ def _env_problem(env: Mapping[str, str]) -> str | None:
         parsed = _token_list(env[ENV_KV])
         if isinstance(parsed, str):
             return parsed
+    if ENV_TKV_LIMIT in env and _positive(env[ENV_TKV_LIMIT]) is None:
+        return f"{ENV_TKV_LIMIT}={env[ENV_TKV_LIMIT]!r} is not a positive integer"
     return None
 
 
@@ -84,6 +106,8 @@ def settings(kwargs: Mapping[str, object], env: Mapping[str, str]) -> dict[str, 
         out["batched_decode"] = env[ENV_BATCHED].strip() == "1"
     if ENV_BACKEND in env:
         out["backend"] = env[ENV_BACKEND].strip()
+    if ENV_TKV_LIMIT in env:
+        out["max_batch_tkv_limit"] = _positive(env[ENV_TKV_LIMIT])
     return out
 
 
@@ -118,6 +142,9 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
         return f"batched_decode={s['batched_decode']!r} is not a bool"
     if s["backend"] not in BACKEND_NAMES:
         return f"backend={s['backend']!r} is not a backend"
+    limit = s["max_batch_tkv_limit"]
+    if limit is not None and not _count(limit):  # DESIGN: a limit that is not a positive integer is refused
+        return f"max_batch_tkv_limit={limit!r} is not a positive integer"
     kv = s["kv_buckets"]
     if kv is not None:
         why = _kv_problem(kv, bs, L, per_seq)
@@ -155,9 +182,6 @@ def _kv_problem(kv: object, bs: int, L: int, per_seq: int) -> str | None:
 def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
     """What an accepted config means; only for one `config_problem` accepts."""
     s = settings(kwargs, env)
-    kv = s["kv_buckets"]
-    return Reading(
-        kv if isinstance(kv, tuple) else None,
-        bool(s["batched_decode"]),
-        str(s["backend"]),
-    )
+    kv, limit = s["kv_buckets"], s["max_batch_tkv_limit"]
+    assert limit is None or isinstance(limit, int)
+    return Reading(kv if isinstance(kv, tuple) else None, bool(s["batched_decode"]), str(s["backend"]), limit)

@@ -51,6 +51,11 @@ def ladders(c: RuntimeConfig) -> Ladders:
     return Ladders(bs, kv, seqs, prefill, c.batched_decode and bool(seqs), low)
 
 
+def batch_tkv_limit(c: RuntimeConfig) -> int:
+    """DESIGN "Volumetric limit": the configured one, else max_model_len * max_num_seqs (never binding)."""
+    return c.max_model_len * c.max_num_seqs if c.max_batch_tkv_limit is None else c.max_batch_tkv_limit
+
+
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
     """The smallest rung >= size; None above the top rung."""
     return next((r for r in ladder if r >= size), None)

@@ -3,10 +3,17 @@ coverage traffic and the main job's coverage are judged by.
 
 It re-implements the contract's scheduling arithmetic (DESIGN "Positions and bucket
 keys") on tensor-free states, independently of the runtime's own code, and walks
-every add/step/finish sequence from an empty engine. Each dispatch is recorded as a
-raw shape and mapped to a bucket with `derive`, never with the bucketer. The walk
-also keeps, for each bucket, the shortest sequence of actions that reaches it: that
-is a witness the harness can replay as traffic on a real engine.
+every add/step/finish/abort sequence from an empty engine, under the pool, the slots,
+max_model_len and the volumetric limit (DESIGN "Volume."). Each dispatch is recorded
+as a raw shape and mapped to a bucket with `derive`, never with the bucketer. The walk
+also keeps, for each bucket, a short sequence of actions that reaches it: a witness
+the harness can replay as traffic on a real engine. Witnesses use as few aborts as
+they can (none, where steps alone reach the bucket), then few actions.
+
+Stop tokens are not modelled: a request that stops after k tokens behaves like one
+with max_tokens = k and a larger reservation, so they reach nothing new (DESIGN
+"Reachable."). Aborting a waiting request only undoes its add, so only running
+requests are aborted here.
 
 The state space grows roughly with L**(2*S), so it is meant for small configs; above
 `STATE_BUDGET` states it falls back to random walks, which prove only what they saw.
@@ -17,12 +24,12 @@ from __future__ import annotations
 import functools
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle.derive import Ladders, ceil_div, decode_key, ladders, prefill_key
+from spyre_verify.oracle.derive import Ladders, batch_tkv_limit, ceil_div, decode_key, ladders, prefill_key
 
 STATE_BUDGET = 400_000
 
@@ -36,14 +43,23 @@ EMPTY: State = (0, ())
 
 @dataclass(frozen=True)
 class Action:
-    """One engine step of a witness: a decode of the batch, or a request that joins it."""
+    """One event of a witness: a decode of the batch, a request that joins it (added just
+    before the step that prefills it), or the abort of a running request between steps.
 
-    kind: str  # "decode" or "join"
+    `index` names the aborted request by arrival order: the index-th join of the witness,
+    counting from 0. Inside the walk, before a witness is built, it is the row's position
+    in the state's sorted rows.
+    """
+
+    kind: str  # "decode", "join" or "abort"
     prompt_len: int = 0
     max_tokens: int = 0
+    index: int = 0
 
     def __str__(self) -> str:
-        return "decode" if self.kind == "decode" else f"join({self.prompt_len}, {self.max_tokens})"
+        if self.kind == "join":
+            return f"join({self.prompt_len}, {self.max_tokens})"
+        return f"abort(#{self.index})" if self.kind == "abort" else "decode"
 
 
 # A raw dispatch shape: ("decode", seqs, tkv) or ("prefill", post-shift tkv, 0).
@@ -55,7 +71,9 @@ class Walked:
     shapes: frozenset[Shape]
     states: int
     complete: bool  # False when the walk stopped at its state budget, or sampled
-    paths: dict[Shape, tuple[Action, ...]]  # the first (shortest) path that dispatches each shape
+    # A path (fewest aborts, then short) that dispatches each shape; an abort's index is
+    # still its row's position (`in_arrival_order` names the request).
+    paths: dict[Shape, tuple[Action, ...]]
 
 
 @dataclass(frozen=True)
@@ -70,69 +88,133 @@ class Reachable:
         return self.method == "exhaustive"
 
 
+@dataclass(frozen=True)
+class Space:
+    """What bounds the walk: DESIGN's bs, L, S, U, and V (None: a limit that never binds)."""
+
+    bs: int
+    L: int
+    S: int
+    U: int
+    V: int | None = None
+
+
+def space(c: RuntimeConfig) -> Space:
+    """The walk's bounds for a config. A decode of s <= S rows at tkv with tkv + 1 <= L
+    attends at most S * L positions, so a limit at or above that never binds (and one
+    memoised walk serves every such limit)."""
+    limit = batch_tkv_limit(c)
+    binding = limit < c.max_num_seqs * c.max_model_len
+    return Space(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks, limit if binding else None)
+
+
 def _reservation(bs: int, tkv: int, lp: int, rem: int) -> int:
     # Entries from the first real block to the block of the last position written.
     return (tkv + rem - 1) // bs - lp // bs + 1
 
 
-def _strip(bs: int, tkv: int, rows: list[Row]) -> State:
+def peak(tkv: int, remaining: Sequence[int]) -> int:
+    """DESIGN's projected peak: the widest s * (tkv + 1) the batch's decodes can reach
+    from `tkv`, each row decoding its `remaining` steps (strips ignored, they only lower it)."""
+    d = sorted(remaining)
+    n = len(d)
+    return max(((n - j) * (tkv + x) for j, x in enumerate(d) if x >= 1), default=0)
+
+
+def _strip(bs: int, tkv: int, rows: tuple[Row, ...]) -> State:
+    """The strip rule on sorted rows: the first row has the least padding."""
     if not rows:
         return EMPTY
-    k = min(lp // bs for lp, _ in rows)
+    k = rows[0][0] // bs
     if k:
-        rows = [(lp - k * bs, rem) for lp, rem in rows]
+        rows = tuple((lp - k * bs, rem) for lp, rem in rows)
         tkv -= k * bs
-    return tkv, tuple(sorted(rows))
+    return tkv, rows
 
 
-def successors(bs: int, L: int, S: int, U: int, state: State) -> Iterator[tuple[Action, Shape, State]]:
+DECODE = Action("decode")
+_action = functools.cache(Action)  # a witness's actions, built once each: the walk yields millions
+
+
+def successors(sp: Space, state: State) -> Iterator[tuple[Action, Shape, State]]:
     """Every step from `state`: the action, the shape it dispatches, the state after it."""
+    bs, L, S, U, V = sp.bs, sp.L, sp.S, sp.U, sp.V
     tkv, rows = state
-    if rows:
-        left = [(lp, rem - 1) for lp, rem in rows if rem > 1]
-        yield Action("decode"), ("decode", len(rows), tkv), _strip(bs, tkv + 1, left)
+    if rows:  # every row steps down by one token alike, so the rows stay sorted
+        left = tuple((lp, rem - 1) for lp, rem in rows if rem > 1)
+        yield DECODE, ("decode", len(rows), tkv), _strip(bs, tkv + 1, left)
     if len(rows) >= S:
         return
     used = sum(_reservation(bs, tkv, lp, rem) for lp, rem in rows)
-    # Prompts that land on the same (tkv, whole padding blocks) behave alike; the one
-    # with the fewest prompt blocks admits the widest range of max_tokens.
-    joins: dict[tuple[int, int], tuple[int, int]] = {}
-    for p in range(1, L + 1):
-        # Alone: the prompt's own block multiple. Joining: the batch's tkv, shifted up by
-        # whole blocks when the prompt is longer.
-        t2 = ceil_div(p, bs) * bs if not rows else tkv + max(0, ceil_div(p - tkv, bs)) * bs
-        key = (t2, (t2 - p) // bs * bs)
-        joins[key] = min(joins.get(key, (L + 1, 0)), (ceil_div(p, bs) * bs, p))
-    for (t2, lp), (padded, p) in joins.items():
+    running = [rem for _, rem in rows]
+    for t2, lp, padded, p in _joins(bs, L, tkv, bool(rows)):
         d = t2 - tkv if rows else 0
         shifted = [(q + d, rem) for q, rem in rows]
         if any(t2 + rem > L for _, rem in shifted):
             continue
         for mt in range(1, L + 1):
+            # Every bound below only tightens as max_tokens grows: the first one broken ends the loop.
             if padded + mt > L or t2 + mt > L:
                 break  # rejected at add_request, or waits forever in this state
             if used + _reservation(bs, t2, lp, mt - 1) > U:
                 break
-            new = [*shifted, (lp, mt - 1)] if mt > 1 else shifted
-            yield Action("join", p, mt), ("prefill", t2, 0), _strip(bs, t2, new)
+            if V is not None and ((mt > 1 and padded + mt - 1 > V) or peak(t2, [*running, mt - 1]) > V):
+                break  # rejected at add_request (its lone peak), or never admitted here
+            new = tuple(sorted([*shifted, (lp, mt - 1)])) if mt > 1 else tuple(shifted)
+            yield _action("join", p, mt), ("prefill", t2, 0), _strip(bs, t2, new)
+
+
+@functools.lru_cache(maxsize=65536)
+def _joins(bs: int, L: int, tkv: int, running: bool) -> tuple[tuple[int, int, int, int], ...]:
+    """(post-join tkv, padding in whole blocks, padded prompt, prompt) of every distinct join.
+
+    Prompts that land on the same (tkv, whole padding blocks) behave alike; the one with
+    the fewest prompt blocks admits the widest range of max_tokens.
+    """
+    joins: dict[tuple[int, int], tuple[int, int]] = {}
+    for p in range(1, L + 1):
+        # Alone: the prompt's own block multiple. Joining: the batch's tkv, shifted up by
+        # whole blocks when the prompt is longer.
+        t2 = tkv + max(0, ceil_div(p - tkv, bs)) * bs if running else ceil_div(p, bs) * bs
+        key = (t2, (t2 - p) // bs * bs)
+        joins[key] = min(joins.get(key, (L + 1, 0)), (ceil_div(p, bs) * bs, p))
+    return tuple((t2, lp, padded, p) for (t2, lp), (padded, p) in joins.items())
+
+
+def aborts(sp: Space, state: State) -> Iterator[tuple[Action, State]]:
+    """Every abort from `state`: one per distinct running row, whose blocks return at once
+    and after which the strip applies at once (an emptied batch has tkv 0)."""
+    tkv, rows = state
+    for i, row in enumerate(rows):
+        if not i or rows[i - 1] != row:
+            yield _action("abort", index=i), _strip(sp.bs, tkv, rows[:i] + rows[i + 1 :])
 
 
 @functools.lru_cache(maxsize=4096)
-def walk(bs: int, L: int, S: int, U: int, max_states: int | None = None) -> Walked:
-    """Breadth first from the empty engine: every shape, with its shortest path."""
+def walk(sp: Space, max_states: int | None = None) -> Walked:
+    """Breadth first from the empty engine, in rounds: round k reaches the states that
+    need k aborts. Every shape, each with a path of fewest aborts."""
     parent: dict[State, tuple[State, Action] | None] = {EMPTY: None}
     todo = deque([EMPTY])
     paths: dict[Shape, tuple[Action, ...]] = {}
     while todo:
-        if max_states is not None and len(parent) > max_states:
-            return Walked(frozenset(paths), len(parent), False, paths)
-        state = todo.popleft()
-        for action, shape, nxt in successors(bs, L, S, U, state):
-            if shape not in paths:
-                paths[shape] = (*_path(parent, state), action)
-            if nxt not in parent:
-                parent[nxt] = (state, action)
-                todo.append(nxt)
+        seen: list[State] = []
+        while todo:
+            if max_states is not None and len(parent) > max_states:
+                return Walked(frozenset(paths), len(parent), False, paths)
+            state = todo.popleft()
+            seen.append(state)
+            for action, shape, nxt in successors(sp, state):
+                if shape not in paths:
+                    paths[shape] = (*_path(parent, state), action)
+                if nxt not in parent:
+                    parent[nxt] = (state, action)
+                    todo.append(nxt)
+        for state in seen:
+            for action, nxt in aborts(sp, state):
+                if nxt not in parent:
+                    parent[nxt] = (state, action)
+                    todo.append(nxt)
     return Walked(frozenset(paths), len(parent), True, paths)
 
 
@@ -146,7 +228,29 @@ def _path(parent: dict[State, tuple[State, Action] | None], state: State) -> tup
     return tuple(reversed(out))
 
 
-def sample(bs: int, L: int, S: int, U: int, runs: int = 200, seed: int = 0) -> Walked:
+def in_arrival_order(bs: int, path: Sequence[Action]) -> tuple[Action, ...]:
+    """The path with each abort naming its request by arrival order instead of by its
+    row's position: the path is replayed with every row labelled by the join that made it."""
+    tkv, rows, joined, out = 0, list[tuple[int, int, int]](), 0, []
+    for a in path:
+        if a.kind == "decode":
+            tkv, rows = tkv + 1, [(lp, rem - 1, i) for lp, rem, i in rows if rem > 1]
+        elif a.kind == "join":
+            p = a.prompt_len
+            t2 = ceil_div(p, bs) * bs if not rows else tkv + max(0, ceil_div(p - tkv, bs)) * bs
+            rows = [(lp + t2 - tkv, rem, i) for lp, rem, i in rows]
+            rows += [((t2 - p) // bs * bs, a.max_tokens - 1, joined)] if a.max_tokens > 1 else []
+            tkv, joined = t2, joined + 1
+        else:
+            rows.sort()  # the state's rows are sorted the same way; equal rows are interchangeable
+            a = Action("abort", index=rows.pop(a.index)[2])
+        k = min((lp // bs for lp, _, _ in rows), default=0)
+        tkv, rows = (tkv - k * bs, [(lp - k * bs, rem, i) for lp, rem, i in rows]) if rows else (0, [])
+        out.append(a)
+    return tuple(out)
+
+
+def sample(sp: Space, runs: int = 200, seed: int = 0) -> Walked:
     """Random walks through the same state space, for configs too large to walk whole.
 
     Only what it observes is certain: a shape it finds is reachable; a shape it never
@@ -157,14 +261,18 @@ def sample(bs: int, L: int, S: int, U: int, runs: int = 200, seed: int = 0) -> W
     for _ in range(runs):
         state: State = EMPTY
         trail: tuple[Action, ...] = ()
-        for _ in range(rng.randint(1, 4 * L)):
-            options = list(successors(bs, L, S, U, state))
+        for _ in range(rng.randint(1, 4 * sp.L)):
+            options = list(successors(sp, state))
             if not options:
                 break
             for action, shape, _ in options:
                 paths.setdefault(shape, (*trail, action))
-            # Favour the decode step (first) half the time so batches grow old, not only wide.
-            action, _, state = options[0] if state[1] and rng.random() < 0.5 else rng.choice(options)
+            # Favour the decode step (first) half the time so batches grow old, not only wide;
+            # now and then abort a running request instead of stepping.
+            if state[1] and rng.random() < 0.1:
+                action, state = rng.choice(list(aborts(sp, state)))
+            else:
+                action, _, state = options[0] if state[1] and rng.random() < 0.5 else rng.choice(options)
             trail = (*trail, action)
     return Walked(frozenset(paths), 0, False, paths)
 
@@ -181,18 +289,21 @@ def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, 
     just the breadth-first part walked within the budget (`sampled=False`, for hunts that
     see thousands of configs).
     """
-    c = config
-    args = (c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks)
-    walked = walk(*args, max_states=budget)
+    sp = space(config)
+    walked = walk(sp, max_states=budget)
     method = "exhaustive"
     if not walked.complete and sampled:
-        walked, method = sample(*args, runs=200, seed=seed), "sampled"
+        walked, method = sample(sp, runs=200, seed=seed), "sampled"
     elif not walked.complete:
         method = f"partial ({budget} states)"
-    lad = ladders(c)
+    lad = ladders(config)
     witnesses: dict[Bucket, tuple[Action, ...]] = {}
-    for shape in sorted(walked.shapes, key=lambda s: (len(walked.paths[s]), s)):
+    for shape in sorted(walked.shapes, key=lambda s: (_aborts(walked.paths[s]), len(walked.paths[s]), s)):
         bucket = to_bucket(lad, shape)
-        if bucket is not None:
-            witnesses.setdefault(bucket, walked.paths[shape])
+        if bucket is not None and bucket not in witnesses:
+            witnesses[bucket] = in_arrival_order(config.block_size, walked.paths[shape])
     return Reachable(frozenset(witnesses), method, walked.states, witnesses)
+
+
+def _aborts(path: tuple[Action, ...]) -> int:
+    return sum(a.kind == "abort" for a in path)
