@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from runtime.config import RuntimeConfig
 from spyre_verify import faults
 from spyre_verify.session import Progress, RunResult, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.workload import Item
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class KillRow:
 
 
 def run_fault(
-    config: RuntimeConfig, name: str, workload: list[Arrival] | None = None, progress: Progress | None = None
+    config: RuntimeConfig, name: str, workload: Sequence[Item] | None = None, progress: Progress | None = None
 ) -> RunResult:
     fault = faults.get(name)
     cfg, seams = fault.apply(config)
@@ -57,7 +58,7 @@ def kill_row(name: str, result: RunResult) -> KillRow:
 
 def kill_table(
     config: RuntimeConfig,
-    workload: list[Arrival] | None = None,
+    workload: Sequence[Item] | None = None,
     names: list[str] | None = None,
     progress: Progress | None = None,
     rows: list[KillRow] | None = None,
@@ -73,7 +74,7 @@ def kill_table(
 
 def run_catalog(
     config: RuntimeConfig,
-    workload: list[Arrival] | None = None,
+    workload: Sequence[Item] | None = None,
     names: list[str] | None = None,
     progress: Progress | None = None,
 ) -> tuple[RunResult, list[KillRow]]:

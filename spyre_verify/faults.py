@@ -21,10 +21,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from unittest import mock
 
-from runtime import attention
+from runtime import attention, scheduler
+from runtime.block_pool import BlockPool
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
+from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
 
@@ -145,6 +147,48 @@ def _over_pruned(c: RuntimeConfig) -> Seams:
     return Seams(warmup_buckets=drop)
 
 
+def _binding_limit(c: RuntimeConfig) -> RuntimeConfig:
+    """A volumetric limit that binds: a quarter of a sequence above one whole one (20 for
+    max_model_len 16), so two long rows exceed it while every request still fits alone.
+    A config that already binds keeps its own; with max_num_seqs 1 no limit above L can bind."""
+    L = c.max_model_len
+    if c.batch_tkv_limit < L * c.max_num_seqs:
+        return c
+    return c.with_(max_batch_tkv_limit=L + L // 4)
+
+
+@contextlib.contextmanager
+def unchecked_volume() -> Iterator[None]:
+    """`Scheduler.next_admission` with the projected peak it compares to the limit always 0,
+    as if the volume check had been left out. The add-time refusal (`validate`) keeps it."""
+    original = Scheduler.next_admission
+
+    def next_admission(self: Scheduler) -> Admission | None:
+        peak = scheduler.projected_peak
+        scheduler.projected_peak = lambda tkv, decodes: 0
+        try:
+            return original(self)
+        finally:
+            scheduler.projected_peak = peak
+
+    with mock.patch.object(Scheduler, "next_admission", next_admission):
+        yield
+
+
+@contextlib.contextmanager
+def leaky_abort() -> Iterator[None]:
+    """`Scheduler.abort` that forgets to return a running request's blocks to the pool: it
+    leaves the batch and its reservation is released, but its blocks stay allocated."""
+    original = Scheduler.abort
+
+    def abort(self: Scheduler, request_id: object) -> Request:
+        with mock.patch.object(BlockPool, "free", lambda pool, owner, blocks: None):
+            return original(self, request_id)
+
+    with mock.patch.object(Scheduler, "abort", abort):
+        yield
+
+
 CATALOG: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -210,6 +254,19 @@ CATALOG: dict[str, Fault] = {
             "output-equivalence",
             "attention does not mask left padding, so padded positions leak in",
             patch=unmasked_kernels,
+        ),
+        Fault(
+            "volume-unchecked",
+            "volume-limit",
+            "admission ignores the volumetric limit, so a decode step attends more than max_batch_tkv_limit",
+            configure=_binding_limit,
+            patch=unchecked_volume,
+        ),
+        Fault(
+            "abort-leaks-blocks",
+            "contract-conformance",
+            "abort forgets to return a running request's blocks to the pool",
+            patch=leaky_abort,
         ),
     ]
 }

@@ -25,10 +25,11 @@ from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
+from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import ServeStats, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.workload import Arrival, boundary_arrivals, seeded_workload
+from spyre_verify.workload import Abort, Arrival, Item, boundary_arrivals, seeded_workload
 
 
 def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]:
@@ -39,6 +40,7 @@ def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]
         GraphReuse(strict),
         LadderAgreement(strict),
         ContractConformance(strict),
+        VolumeLimit(strict),
     ]
 
 
@@ -103,7 +105,7 @@ def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
 
 
 def serve(
-    engine: Engine, workload: list[Arrival], progress: Progress | None = None, observers: Sequence[Any] = ()
+    engine: Engine, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
 ) -> tuple[int, int]:
     """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
 
@@ -111,14 +113,28 @@ def serve(
     contract model can judge the refusal.
     """
 
+    arrivals = sum(isinstance(a, Arrival) for a in workload)
+
     def note(_: object, s: ServeStats) -> None:
         if progress and engine.steps % 50 == 0:
-            progress(
-                f"serving: step {engine.steps}, {s.accepted} requests added, {len(workload) - s.submitted} to come"
-            )
+            progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
 
     stats = serve_loop.serve(engine, workload, on_rejected=judged_by(observers), on_step=note)
     return stats.accepted, stats.rejected
+
+
+def abort_edges(config: RuntimeConfig) -> list[Item]:
+    """Aborts of running requests, which a seeded workload's long queue makes rare: `a` runs,
+    `b` joins, `a` is aborted right after `b`'s prefill (DESIGN "Reachable.": a state no
+    natural finish reaches), then `b`, alone, is aborted and the batch empties. Both ignore
+    the EOS, so they run until aborted; an abort that finds its request ended is a miss."""
+    mt = max(1, min(4, config.max_model_len - config.block_size))
+    return [
+        Arrival(0, (1,), mt, ignore_eos=True),
+        Arrival(1, (2, 3), mt, ignore_eos=True),
+        Abort(2, 0),
+        Abort(3, 1),
+    ]
 
 
 def cover(engine: Engine, progress: Progress | None = None) -> tuple[int, list[str]]:
@@ -134,7 +150,7 @@ def cover(engine: Engine, progress: Progress | None = None) -> tuple[int, list[s
 def verify(
     config: RuntimeConfig,
     seams: Seams = Seams(),
-    workload: list[Arrival] | None = None,
+    workload: Sequence[Item] | None = None,
     checkers: list[Checker] | None = None,
     controls: bool = True,
     fault: str | None = None,
@@ -174,14 +190,17 @@ def verify(
                 stage = "preflight"
                 graph.preflight()
             stage = "serving"
-            workload = workload if workload is not None else seeded_workload(config, 40)
+            # Stop tokens, ignore_eos and aborts mixed in: every way a request ends is served and judged.
+            workload = workload if workload is not None else seeded_workload(config, 40, endings=True)
             t0 = time.perf_counter()
             with graph.guard() if graph is not None else contextlib.nullcontext():
                 result.requests, result.rejected = serve(engine, workload, progress, checkers)
                 if coverage:
-                    # The edge of admission: each must be admitted or refused exactly as DESIGN says.
-                    edge = serve(engine, boundary_arrivals(config), progress, checkers)
-                    result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
+                    # The edge of admission: each must be admitted or refused exactly as DESIGN says;
+                    # then aborts of running requests, which the workload's queue makes rare.
+                    for edges in (boundary_arrivals(config), abort_edges(config)):
+                        edge = serve(engine, edges, progress, checkers)
+                        result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
                     result.scenarios, result.coverage_problems = cover(engine, progress)
         except InvariantViolation as e:

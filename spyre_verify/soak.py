@@ -1,6 +1,8 @@
 """The soak run: thousands of random arrivals through one warmed engine with every
 always-on checker attached and periodic KV-integrity checks, then a leak audit and a
-token comparison with the reference on a seeded sample of finished requests.
+token comparison with the reference on a seeded sample of finished requests. The
+workload mixes in stop tokens, ignore_eos and aborts (`seeded_workload(endings=True)`):
+an aborted request counts as finished (reason "abort"), and its blocks must come back too.
 
 It is bounded in time: past the limit it stops submitting and stepping, and the
 requests still queued or running count as unfinished (a failed run, not a hang).
@@ -12,12 +14,13 @@ import contextlib
 import dataclasses
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from runtime.events import DispatchEvent, RequestEvent, StepEvent
+from runtime.events import DispatchEvent, FinishEvent, RequestEvent, StepEvent
 from runtime.warmup import Seams
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
@@ -28,7 +31,7 @@ from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
 from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
 from spyre_verify.session import always_on
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.workload import Item, seeded_workload
 
 # seeded_workload's gaps average ~2.6 steps, faster than this config serves (~4 steps a
 # request), so its queue only grows. Spread twice as wide, bursts still queue up but the
@@ -48,12 +51,13 @@ class SoakOptions:
 
 
 class Tracker:
-    """Follows every request through the event interface: accepted, admitted, finished."""
+    """Follows every request through the event interface: accepted, admitted, finished (by reason)."""
 
     def __init__(self) -> None:
         self.accepted: dict[str, int] = {}
         self.admitted: dict[str, int] = {}
-        self.finished: dict[str, int] = {}
+        self.finished: dict[str, int] = {}  # request id -> the step that ended it
+        self.reasons: Counter[str] = Counter()  # finishes by reason: length, stop, abort
         self.max_running = 0
         self.max_waiting = 0  # the longest the queue got: accepted, not yet admitted
         self.steps = 0
@@ -69,8 +73,10 @@ class Tracker:
 
     def on_step(self, ev: StepEvent) -> None:
         self.steps = ev.step + 1
-        for rid in ev.finished:
-            self.finished[rid] = ev.step
+
+    def on_finish(self, ev: FinishEvent) -> None:
+        self.finished[ev.request_id] = ev.step
+        self.reasons[ev.reason] += 1
 
     @property
     def waited(self) -> int:
@@ -86,6 +92,8 @@ class SoakResult:
     tracker: Tracker
     submitted: int = 0
     rejected: int = 0
+    aborted: int = 0  # aborts the engine carried out
+    abort_missed: int = 0  # aborts that came after their request had ended
     max_waiting: int = 0
     steps: int = 0
     usable_blocks: int = 0
@@ -140,8 +148,9 @@ class SoakResult:
         return out
 
 
-def arrivals(config: RuntimeConfig, opts: SoakOptions) -> list[Arrival]:
-    return [dataclasses.replace(a, step=a.step * SPREAD) for a in seeded_workload(config, opts.requests, opts.seed)]
+def arrivals(config: RuntimeConfig, opts: SoakOptions) -> list[Item]:
+    work = seeded_workload(config, opts.requests, opts.seed, endings=True)
+    return [dataclasses.replace(a, step=a.step * SPREAD) for a in work]
 
 
 def checkers_for(integrity_every: int) -> list[Checker]:
@@ -151,7 +160,7 @@ def checkers_for(integrity_every: int) -> list[Checker]:
     return [*checked, OutputEquivalence(sample=0), RuntimeCrash()]
 
 
-def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: float, progress: Progress | None) -> None:
+def drive(engine: Engine, work: list[Item], result: SoakResult, deadline: float, progress: Progress | None) -> None:
     """Serve the arrivals through `serve_loop.serve` until done or out of time."""
     stats, started = ServeStats(), time.monotonic()
     next_note = started + PROGRESS_SECONDS
@@ -167,6 +176,7 @@ def drive(engine: Engine, work: list[Arrival], result: SoakResult, deadline: flo
         serve(engine, work, on_rejected=judged_by(result.checkers), on_step=note, deadline=deadline, stats=stats)
     finally:  # a step that raised keeps the counts so far
         result.submitted, result.rejected = stats.submitted, stats.rejected
+        result.aborted, result.abort_missed = stats.aborted, stats.abort_missed
         result.time_limit_hit = stats.stopped == DEADLINE
         result.max_waiting = result.tracker.max_waiting
 

@@ -2,6 +2,17 @@
 engine, and after every step the engine's batch must be the model's: tkv, each row's left
 padding, real blocks and reservation, admissions, shifts, strips and finishes.
 
+Stops and aborts. The model never sees tokens, so the checker learns which rows stopped
+from the engine's `FinishEvent`s (reason "stop"), which follow the step's `StateEvent`:
+a step is judged once its last finish is in (or at the next other event, if one is
+missing). An
+abort's `StateEvent` (kind "abort") is judged against the model's `abort()`. Each
+finish reason is itself checked against DESIGN "Finish." from the request's own stop
+fields and the tokens the event carries (`finish-reason`): "stop" ends on a stop token
+with none before it, "length" has exactly max_tokens tokens and no stop token, "abort"
+only follows an abort. Every request a step or abort ended gets exactly one finish
+event (`missing-finish`).
+
 Also liveness (a request DESIGN admits is eventually served) and the request gate: a
 request DESIGN accepts must be accepted (`wrongly-rejected`, reported by the serve loop
 through `on_rejected`), and one it refuses must be refused (`wrongly-accepted`).
@@ -16,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from runtime.events import RequestEvent, StateEvent
+from runtime.events import FinishEvent, RequestEvent, StateEvent
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.model import ContractModel
 
@@ -31,10 +42,18 @@ class ContractConformance(Checker):
         self.rules: Counter[str] = Counter()  # the rule each divergent step was named by
         self.fired: Counter[str] = Counter()  # the rules the model applied: what the run exercised
         self.closed = False
+        self.reasons: Counter[str] = Counter()  # finish events by reason
+        self.pending: StateEvent | None = None  # a step whose finish events are still coming
+        self.stopped: set[str] = set()  # the pending step's rows that reported "stop"
+        self.reported: set[str] = set()  # the pending step's rows that reported any finish
+        self.held: dict[str, tuple[int, ...]] = {}  # each running row's blocks after the last judged event
 
     def attach(self, engine: Any) -> None:
         self.model = ContractModel(engine.config)
         self.vocab = engine.config.model.vocab_size
+        self.eos = engine.config.model.eos_token_id
+        self.stops: dict[str, frozenset[int]] = {}  # each request's stop tokens, EOS included unless ignored
+        self.max_tokens: dict[str, int] = {}
         super().attach(engine)
 
     # -- the request gate --------------------------------------------------------------------
@@ -52,6 +71,9 @@ class ContractConformance(Checker):
     def on_request(self, ev: RequestEvent) -> None:
         if self.closed:
             return
+        self.settle()
+        self.stops[ev.request_id] = frozenset(ev.stop_token_ids) | (frozenset() if ev.ignore_eos else {self.eos})
+        self.max_tokens[ev.request_id] = ev.max_tokens
         reason = self.refusal(ev.prompt, ev.max_tokens)
         # Queue it either way: the engine holds it, and lockstep needs the same queue.
         self.model.add(ev.request_id, len(ev.prompt), ev.max_tokens)
@@ -76,14 +98,83 @@ class ContractConformance(Checker):
     def on_state(self, ev: StateEvent) -> None:
         if self.closed:
             return
+        self.settle()
+        self.pending, self.stopped, self.reported = ev, set(), set()
+        if not ev.finished:  # no finish event follows
+            self.settle()
+
+    def on_finish(self, ev: FinishEvent) -> None:
+        if self.closed:
+            return
+        self.reasons[ev.reason] += 1
+        pending = self.pending
+        if pending is None or ev.request_id not in pending.finished or ev.request_id in self.reported:
+            self.flag(
+                "finish-reason", f"{ev.request_id} reported finishing ({ev.reason}) in no step or abort that ended it"
+            )
+            return
+        self.reported.add(ev.request_id)
+        if ev.reason == "stop":
+            self.stopped.add(ev.request_id)
+        why = self.wrong_reason(ev, aborted=pending.kind == "abort")
+        if why is not None:
+            self.flag("finish-reason", f"step {ev.step}: {ev.request_id} ended with reason {ev.reason!r}, but {why}")
+        if self.reported >= set(pending.finished):
+            self.settle()
+
+    def wrong_reason(self, ev: FinishEvent, aborted: bool) -> str | None:
+        """Why DESIGN "Finish." contradicts this finish event; None when it agrees."""
+        stops, mt, got = self.stops.get(ev.request_id, frozenset()), self.max_tokens.get(ev.request_id), ev.tokens
+        early = next((i for i, t in enumerate(got[:-1]) if t in stops), None)
+        if early is not None:
+            return f"token {early} ({got[early]}) is a stop token, so it should have ended there"
+        if aborted != (ev.reason == "abort"):
+            return "it was aborted" if aborted else "no abort named it"
+        if ev.reason == "stop" and (not got or got[-1] not in stops):
+            return f"its last token {got[-1] if got else None} is none of its stop tokens {sorted(stops)}"
+        if ev.reason == "length" and (len(got) != mt or got[-1] in stops):
+            return f"it has {len(got)} tokens of max_tokens={mt}" + (
+                ", the last a stop token" if got and got[-1] in stops else ""
+            )
+        if ev.reason not in ("length", "stop", "abort"):
+            return "DESIGN's reasons are length, stop and abort"
+        return None
+
+    def settle(self) -> None:
+        """Judge the pending step or abort, now that its finish events are all in."""
+        ev, self.pending = self.pending, None
+        if ev is None:
+            return
+        missing = [rid for rid in ev.finished if rid not in self.reported]
+        if missing:
+            self.flag("missing-finish", f"step {ev.step}: {missing} ended ({ev.kind}) without a finish event")
         self.steps_checked += 1
         model = self.model
-        self.fired.update(model.step().rules)
+        if ev.kind == "abort":
+            rid = ev.finished[0] if ev.finished else ""
+            refusal = model.abort_refusal(rid)
+            if refusal is not None:
+                self.divergences += 1
+                self.rules["abort"] += 1
+                model.resync(ev.tkv, ev.rows, ev.waiting)
+                if self.divergences == 1:
+                    self.flag(
+                        "divergence", f"step {ev.step}: the engine aborted {rid!r}, but DESIGN refuses: {refusal}"
+                    )
+                return
+            self.fired.update(model.abort(rid).rules)
+        else:
+            self.fired.update(model.step(self.stopped).rules)
         diffs = model.diff(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
+        held, self.held = self.held, {r.request_id: r.blocks for r in ev.rows}
         if not diffs:
             return
         self.divergences += 1
         rule, message = diffs[0]
+        # A block count off after an ending: name the blocks the ended requests held (a leak's whereabouts).
+        ended = [f"{rid} held {', '.join(f'block {b}' for b in held[rid])}" for rid in ev.finished if held.get(rid)]
+        if ended and rule == "reservation":
+            message += f" (before it ended, {'; '.join(ended)})"
         self.rules[rule] += 1
         first = self.divergences == 1
         batch = describe(ev)
@@ -94,6 +185,7 @@ class ContractConformance(Checker):
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
 
     def finish(self, engine: Any) -> None:
+        self.settle()
         # Events after the run (controls, teardown) are no part of the served trace.
         self.closed = True
         if engine.has_work() or not self.model.has_work():
@@ -112,6 +204,7 @@ class ContractConformance(Checker):
             "divergent_steps": self.divergences,
             "divergent_rules": dict(self.rules),
             "rules_exercised": dict(self.fired),
+            "finish_reasons": dict(self.reasons),
         }
 
 

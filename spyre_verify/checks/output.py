@@ -1,9 +1,13 @@
 """Output equivalence: each request's whole output equals the unpadded, unpaged, eager
-reference run with the reference's own stopping, token for token and in length, and
-its logits stay within `atol` of the reference's.
+reference run with the reference's own stopping (the request's stop_token_ids, and the
+EOS unless ignore_eos), token for token and in length, and its logits stay within
+`atol` of the reference's.
 
-A request the engine finished with fewer or more tokens than the reference is a
-`length-mismatch`; one it never finished is `unfinished`, whatever the sample.
+A request the engine finished (reason "length" or "stop") with fewer or more tokens than
+the reference, or for another reason than the reference's, is a `length-mismatch`; one
+it never finished is `unfinished`, whatever the sample. An aborted request is compared
+on the prefix it produced: its tokens must be the reference's first ones, and it must
+not run past where the reference ends (an abort can only cut a request short).
 
 The default tolerance (1e-3 absolute on logits of order 1) covers float32
 reassociation between the paged kernels and the contiguous reference; a padding
@@ -21,9 +25,9 @@ from typing import Any
 
 import torch
 
-from runtime.events import DispatchEvent, RequestEvent, StepEvent
+from runtime.events import DispatchEvent, FinishEvent, RequestEvent
 from spyre_verify.checks.violations import Checker
-from spyre_verify.oracle.reference import generate
+from spyre_verify.oracle.reference import ReferenceRun, generate
 
 
 class OutputEquivalence(Checker):
@@ -41,7 +45,7 @@ class OutputEquivalence(Checker):
         self.requests: dict[str, RequestEvent] = {}
         self.tokens: dict[str, list[tuple[int, int]]] = {}  # (token, step)
         self.logits: dict[str, list[torch.Tensor]] = {}  # only for the requests it will compare
-        self.finished: set[str] = set()
+        self.finished: dict[str, str] = {}  # request id -> finish reason
         self.step_bucket: dict[int, str] = {}
         super().attach(engine)
 
@@ -63,8 +67,8 @@ class OutputEquivalence(Checker):
         if kept is not None:
             kept.append(ev.logits)
 
-    def on_step(self, ev: StepEvent) -> None:
-        self.finished.update(ev.finished)
+    def on_finish(self, ev: FinishEvent) -> None:
+        self.finished[ev.request_id] = ev.reason
 
     def finish(self, engine: Any) -> None:
         for rid, req in self.requests.items():
@@ -78,7 +82,7 @@ class OutputEquivalence(Checker):
         got = len(self.tokens[req.request_id])
         # The reference runs only for sampled requests: outside the sample, name max_tokens.
         want = (
-            f"the reference's {len(generate(model, list(req.prompt), req.max_tokens).tokens)}"
+            f"the reference's {len(reference(model, req).tokens)}"
             if self.chosen(req.request_id)
             else f"max_tokens={req.max_tokens} (outside the sample, reference not run)"
         )
@@ -87,8 +91,11 @@ class OutputEquivalence(Checker):
     def compare(self, model: Any, req: RequestEvent) -> bool:
         """The engine's whole output for `req` against the reference's; True when they agree."""
         self.compared += 1
-        ref = generate(model, list(req.prompt), req.max_tokens)
         got = self.tokens[req.request_id]
+        reason = self.finished.get(req.request_id)
+        # An aborted request: the reference up to its length (greedy runs share prefixes), so
+        # a longer reference shows it ran past the reference's end.
+        ref = reference(model, req, len(got) if reason == "abort" else None)
         kept = self.logits.get(req.request_id)
         for i, ((token, step), want) in enumerate(zip(got, ref.tokens, strict=False)):
             bucket = self.step_bucket.get(step, "?")
@@ -112,17 +119,23 @@ class OutputEquivalence(Checker):
                     bucket=bucket,
                 )
                 return False
-        if len(got) != len(ref.tokens):
+        short = len(got) > len(ref.tokens) if reason == "abort" else len(got) != len(ref.tokens)
+        if short or reason not in (None, "abort", ref.reason):
             last = self.step_bucket.get(got[-1][1], "?") if got else None
             where = f" (last token at step {got[-1][1]}, {last})" if got else ""
+            why = f" ({reason}; the reference: {ref.reason})" if reason != ref.reason else ""
             self.flag(
                 "length-mismatch",
-                f"{req.request_id} finished with {len(got)} tokens, the reference generates {len(ref.tokens)} "
-                f"(max_tokens={req.max_tokens}){where}",
+                f"{req.request_id} finished with {len(got)} tokens{why}, the reference generates "
+                f"{len(ref.tokens)} (max_tokens={req.max_tokens}){where}",
                 bucket=last,
             )
             return False
         return True
+
+    @property
+    def aborted(self) -> int:
+        return sum(r == "abort" for r in self.finished.values())
 
     @property
     def tokens_match(self) -> bool:
@@ -137,3 +150,9 @@ class OutputEquivalence(Checker):
             "max_logit_diff": self.max_logit_diff,
             "atol": self.atol,
         }
+
+
+def reference(model: Any, req: RequestEvent, max_tokens: int | None = None) -> ReferenceRun:
+    """The reference run of `req` with its own stop fields, up to `max_tokens` (default its own)."""
+    mt = req.max_tokens if max_tokens is None else max_tokens
+    return generate(model, list(req.prompt), mt, req.stop_token_ids, req.ignore_eos)

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fault is not None:
         faults.get(args.fault)  # SPYRE_VERIFY_FAULT, which argparse does not check
     single_thread()
-    work = seeded_workload(config, args.requests, args.seed)
+    work = seeded_workload(config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     name = f"check-{args.fault}" if args.fault else "check"
     done = Done()
     try:

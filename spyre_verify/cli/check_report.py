@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.scheduler import FINISH_REASONS
 from spyre_verify.controls import KillRow
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 from spyre_verify.session import RunResult
@@ -41,6 +42,8 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
             "rejected": result.rejected,
             "steps": result.steps,
             "serve_seconds": round(result.serve_seconds, 3),
+            # every finish by reason, as the engine reported it (length, stop, abort)
+            "finished_by_reason": {why: result.checker("contract-conformance").reasons[why] for why in FINISH_REASONS},
         },
         "dispatch": result.dispatch,
         "coverage": {**coverage, "scenarios": result.scenarios, "misses": result.coverage_problems},
@@ -54,6 +57,11 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
     }
 
 
+def reasons(by: dict[str, int]) -> str:
+    """'31 length, 6 stop, 4 abort'; 'none' for a run that finished nothing."""
+    return ", ".join(f"{n} {why}" for why, n in by.items()) or "none"
+
+
 def markdown(p: dict[str, Any]) -> str:
     lines = md_title("check", p["verdict"], p["fault"])
     c, w, cov = p["config"], p["warmup"], p["coverage"]
@@ -64,6 +72,7 @@ def markdown(p: dict[str, Any]) -> str:
         f"Tokens match reference: {p['tokens_match_reference']}.",
         f"Coverage: served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets "
         f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload).",
+        f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}.",
         "",
     ]
     rows = [

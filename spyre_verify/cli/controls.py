@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     single_thread()
-    work = seeded_workload(config, args.requests, args.seed)
+    work = seeded_workload(config, args.requests, args.seed, endings=True)
     clean, rows = run_catalog(config, work, args.fault, say)
     quiet = clean.ok
     ok = quiet and all(r.caught for r in rows)

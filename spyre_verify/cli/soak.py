@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import RuntimeConfig
+from runtime.scheduler import FINISH_REASONS
 from runtime.warmup import Seams
 from spyre_verify import faults
 from spyre_verify.checks.violations import Violation
@@ -124,6 +125,9 @@ def payload(r: SoakResult) -> dict[str, Any]:
             "rejected": r.rejected,
             "admitted": len(t.admitted),
             "finished": len(t.finished),
+            # every finish by reason (DESIGN: length, stop, abort); aborts count as finished
+            "finished_by_reason": {reason: t.reasons[reason] for reason in FINISH_REASONS},
+            "aborts_missed": r.abort_missed,  # aborts that came after their request had ended
             "unfinished": r.unfinished,
             "waited": t.waited,
             "max_waiting": r.max_waiting,
@@ -190,13 +194,19 @@ def summary_lines(p: dict[str, Any]) -> list[str]:
     lines = [
         f"soak {p['verdict'].upper()}: {p['violations']['total']} violations, {b['leaked']} leaked blocks, "
         f"{q['finished']}/{q['accepted']} finished ({q['admitted']} admitted, {q['rejected']} rejected, "
-        f"{q['waited']} waited), reference {ref['sample_size'] - len(ref['mismatched'])}/{ref['sample_size']} "
+        f"{q['waited']} waited; {finishes(q)}), reference {ref['sample_size'] - len(ref['mismatched'])}/{ref['sample_size']} "
         f"sampled requests equal, {p['steps']} steps in {s['serve']} s (warmup {s['warmup']} s)"
     ]
     lp = p["live_padding"]
     if lp:
         lines.append(f"live padding ({lp['count']} entries): {lp['message']}")
     return lines + [f"fails because: {why}" for why in p["reasons"]]
+
+
+def finishes(q: dict[str, Any]) -> str:
+    """'1700 length, 120 stop, 180 abort (3 aborts missed)'."""
+    by = ", ".join(f"{n} {reason}" for reason, n in q["finished_by_reason"].items())
+    return f"{by} ({q['aborts_missed']} aborts missed)"
 
 
 def markdown(p: dict[str, Any]) -> str:
@@ -211,6 +221,7 @@ def markdown(p: dict[str, Any]) -> str:
         ["requests planned / submitted", f"{q['planned']} / {q['submitted']}"],
         ["accepted / rejected", f"{q['accepted']} / {q['rejected']}"],
         ["admitted / finished / unfinished", f"{q['admitted']} / {q['finished']} / {q['unfinished']}"],
+        ["finished by reason", finishes(q)],
         ["waited for admission (max queue)", f"{q['waited']} ({q['max_waiting']})"],
         ["violations", str(p["violations"]["total"])],
         ["leaked blocks (free at end / usable)", f"{b['leaked']} ({b['free_at_end']} / {b['usable']})"],

@@ -1,16 +1,24 @@
 """A tensor-free model of DESIGN's scheduling rules, run in lockstep with an engine.
 
 Written from DESIGN "Positions and bucket keys, precisely", not from the runtime's
-scheduler: admission of the head of the queue (arrival order) with reservations, the
-shift of a longer joiner, the decode step, finish at `max_tokens`, and the strip. The
-`contract-conformance` checker and the hunts call `step()` and `diff()` once per
-engine step, so everything here is plain ints and lists.
+scheduler: admission of the head of the queue (arrival order) with reservations and the
+volumetric limit, the shift of a longer joiner, the decode step, finish at `max_tokens`
+or on a stop token, abort, and the strip. The `contract-conformance` checker and the
+hunts call `step()` (or `abort()`) and `diff()` once per engine step or abort, so
+everything here is plain ints and lists.
 
 API:
 - `ContractModel(config)`: `tkv`, `rows` (`ModelRow`), `waiting` (`Pending`, arrival order).
 - `reject_reason(prompt_len, max_tokens)`: why `add_request` must refuse it; None to accept.
 - `add(request_id, prompt_len, max_tokens)`: queue a request (never refuses; ask first).
-- `step() -> ModelStep`: one engine step; also kept as `last`.
+- `step(stopped=()) -> ModelStep`: one engine step; also kept as `last`. The model never
+  sees token values, so the caller names the requests whose token this step was a stop
+  token (`stopped`); those of them that generated a token this step end after it.
+- `abort_refusal(request_id)`: why `abort` must refuse it (unknown, or already ended); None
+  when it is waiting or running.
+- `abort(request_id) -> ModelStep`: end a waiting or running request between steps (kind
+  "abort"); its reservation returns and the strip applies at once. LookupError when
+  `abort_refusal` names a reason; nothing changes then.
 - `diff(rows, tkv, kind, admitted, finished, waiting=None, free_blocks=None)`: how an
   engine state after the same step differs, as (rule, message), the likeliest cause first.
 - `resync(tkv, rows, waiting)`: adopt an engine's state after a divergence.
@@ -18,16 +26,17 @@ API:
 Rules a difference is named by: "admission" (who joins, and when), "stall" (the engine
 idles while the contract has work), "join" (tkv and left padding of a joiner), "shift",
 "decode", "finish", "strip", "rows" (which requests run), "blocks" (real blocks of a
-row), "reservation" (blocks held plus promised, and the pool's free count).
+row), "reservation" (blocks held plus promised, and the pool's free count), "abort".
 
-Not modelled: stop tokens and aborts (the runtime has neither); the volumetric limit
-applies only when the config carries `max_batch_tkv_limit`.
+Not modelled: token values (the caller tells `step` which rows stopped). The volumetric
+limit applies only when it can bind (`max_batch_tkv_limit` below `max_model_len *
+max_num_seqs`, DESIGN "Volume.").
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RuntimeConfig
@@ -54,7 +63,7 @@ class Pending:
 
 @dataclass(frozen=True, slots=True)
 class ModelStep:
-    kind: str  # "prefill", "decode" or "idle"
+    kind: str  # "prefill", "decode", "idle" or "abort"
     admitted: str | None
     shift: int  # tokens every running row moved right before the join
     seqs: int  # rows dispatched
@@ -138,7 +147,9 @@ class ContractModel:
         n = len(steps)
         return max(((n - j) * (tkv + d) for j, d in enumerate(steps) if d >= 1), default=0)
 
-    def step(self) -> ModelStep:
+    def step(self, stopped: Collection[str] = ()) -> ModelStep:
+        """One engine step. A row named in `stopped` ends after it if it generated a token in it
+        (the joiner of a prefill, every row of a decode); other names are ignored."""
         adm = self.admission()
         rows, rules = self.rows, []
         if adm is not None:
@@ -163,16 +174,48 @@ class ContractModel:
         else:
             self.last = IDLE
             return IDLE
-        finished: tuple[str, ...] = ()
-        if any(r.generated >= r.max_tokens for r in rows):
-            finished = tuple(r.request_id for r in rows if r.generated >= r.max_tokens)
-            self.reserved -= sum(r.reservation for r in rows if r.generated >= r.max_tokens)
-            self.rows = rows = [r for r in rows if r.generated < r.max_tokens]
-            rules.append("finish")
+        stepped = {admitted} if admitted is not None else {r.request_id for r in rows}
+        stops = stepped & set(stopped)
+        ends = [r for r in rows if r.generated >= r.max_tokens or r.request_id in stops]
+        finished = tuple(r.request_id for r in ends)
+        if ends:
+            self.reserved -= sum(r.reservation for r in ends)
+            self.rows = rows = [r for r in rows if r not in ends]
+            if any(r.generated >= r.max_tokens for r in ends):
+                rules.append("finish")
+            if any(r.generated < r.max_tokens for r in ends):
+                rules.append("stop")  # ended early: a stop token
         strip = self._strip()
         if strip:
             rules.append("strip")
         self.last = ModelStep(kind, admitted, shift, seqs, key_tkv, finished, strip, tuple(rules))
+        return self.last
+
+    # -- abort ---------------------------------------------------------------------------------
+    def abort_refusal(self, request_id: str) -> str | None:
+        """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
+        if any(w.request_id == request_id for w in self.waiting) or any(r.request_id == request_id for r in self.rows):
+            return None
+        return "it has ended" if request_id in self.known else "no such request"
+
+    def abort(self, request_id: str) -> ModelStep:
+        """DESIGN Abort.: a waiting request leaves the queue; a running one returns its whole
+        reservation and the strip applies at once (an emptied batch has tkv 0)."""
+        why = self.abort_refusal(request_id)
+        if why is not None:
+            raise LookupError(f"cannot abort {request_id!r}: {why}")
+        rules: list[str] = ["abort"]
+        strip = 0
+        if any(w.request_id == request_id for w in self.waiting):
+            self.waiting = deque(w for w in self.waiting if w.request_id != request_id)
+        else:
+            row = next(r for r in self.rows if r.request_id == request_id)
+            self.rows.remove(row)
+            self.reserved -= row.reservation
+            strip = self._strip()
+            if strip:
+                rules.append("strip")
+        self.last = ModelStep("abort", None, 0, 0, self.tkv, (request_id,), strip, tuple(rules))
         return self.last
 
     def _strip(self) -> int:
@@ -259,7 +302,7 @@ class ContractModel:
         """The rule behind every row and tkv being off by the same `d` tokens."""
         s, bs = self.last, self.bs
         if d % bs:
-            return "join" if s.kind == "prefill" else "decode"
+            return {"prefill": "join", "abort": "abort"}.get(s.kind, "decode")
         if s.strip and d == s.strip * bs:
             return "strip"  # the engine kept blocks the contract strips
         if s.kind == "prefill" and (s.shift or d > 0):
@@ -298,4 +341,4 @@ class ContractModel:
 def _did(kind: str, admitted: str | None) -> str:
     if kind == "prefill":
         return f"prefills {admitted}"
-    return {"decode": "decodes", "idle": "idles"}.get(kind, kind)
+    return {"decode": "decodes", "idle": "idles", "abort": "aborts"}.get(kind, kind)

@@ -26,6 +26,7 @@ CHECKS = {
     "output-equivalence",
     "ladder-agreement",
     "contract-conformance",
+    "volume-limit",
     "runtime-crash",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.

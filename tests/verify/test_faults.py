@@ -31,6 +31,8 @@ REQUIRED = {
     "recompile-limit-fallback": "graph-reuse",
     "dynamic-shapes": "graph-reuse",
     "mask-leak": "output-equivalence",
+    "volume-unchecked": "volume-limit",
+    "abort-leaks-blocks": "contract-conformance",
 }
 
 

@@ -25,13 +25,17 @@ def test_short_soak_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     code, p, err = soak(tmp_path, capsys)
     assert code == 0 and p["verdict"] == "pass" and p["reasons"] == []
     q = p["requests"]
-    assert q["planned"] == q["submitted"] == q["accepted"] == q["admitted"] == q["finished"] == 60
+    assert q["planned"] == q["submitted"] == q["accepted"] == q["finished"] == 60
+    # Stop tokens and aborts are mixed in; a request aborted while waiting is never admitted.
+    assert sum(q["finished_by_reason"].values()) == 60 and list(q["finished_by_reason"]) == ["length", "stop", "abort"]
+    assert q["finished_by_reason"]["abort"] > 0 and q["admitted"] <= 60
     assert q["unfinished"] == 0 and q["waited"] > 0
     assert p["violations"]["total"] == 0 and p["blocks"]["leaked"] == 0
     assert p["blocks"]["free_at_end"] == p["blocks"]["usable"] == 7
     assert p["reference"]["sample_size"] == 20 and p["reference"]["tokens_match"] is True
     assert p["kv_integrity"]["checks"] >= p["steps"] // 5 > 0
     assert "warmup: compiling" in err and "soak PASS: 0 violations, 0 leaked blocks, 60/60 finished" in err
+    assert f"{q['finished_by_reason']['abort']} abort ({q['aborts_missed']} aborts missed)" in err
 
 
 def test_live_block_padding_soak_names_the_block_and_both_requests(
