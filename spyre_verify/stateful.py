@@ -13,12 +13,17 @@ every invariant is checked after every rule. Aim it at your own scheduler::
 
 or, in pytest, `run_state_machine_as_test(SchedulerMachine.for_factory(MyScheduler), settings=...)`.
 
-Rules: `add` (a request that fits: it must be accepted), `refuse` (one DESIGN refuses
-at `add_request`: it must be refused and change nothing), `step` (one engine step).
+Rules: `add` (a request that fits, with or without a stop token id and ignore_eos: it
+must be accepted), `refuse` (one DESIGN refuses at `add_request`: it must be refused
+and change nothing), `step` (one engine step), `stop` (one engine step in which one
+computed row generates the stop token id or the EOS: it ends exactly when DESIGN's stop
+rule says), `abort` (a waiting, running, ended or unknown request: it ends exactly when
+DESIGN says, a refusal changes nothing, and the blocks and promise come back at once).
 Invariants: the pool's blocks and reservations are the running rows' and nobody
 else's; the null block is never allocated; tkv, left padding, blocks, reservations,
-admissions and finishes equal the model's (`ContractModel.diff`); the rows follow
-DESIGN's geometry; every dispatch is keyed as the oracle derives and in the warm set.
+admissions, finishes and aborts equal the model's (`ContractModel.diff`), and so do
+finish reasons; the rows follow DESIGN's geometry; every dispatch is keyed as the
+oracle derives and in the warm set.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.warmup import warm_plan
-from spyre_verify.hunt.strategies import configs, draw_refused, longest_prompt, requests
+from spyre_verify.hunt.lockstep import abort_leak
+from spyre_verify.hunt.strategies import EOS, STOP_TOKEN, abort_once, configs, draw_refused, longest_prompt, requests
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.sim import SchedulerFactory, Sim
+from spyre_verify.sim import STAND_IN, SchedulerFactory, Sim
 
 # Small configs: short sequences and narrow batches reach joins, shifts, strips and a full pool fast.
 CONFIGS = configs(block_sizes=(1, 2, 4, 8), max_model_len=(2, 32), max_num_seqs=(1, 4))
@@ -74,37 +80,53 @@ class SchedulerMachine(RuleBasedStateMachine):
         machine = type(self)  # class attributes: a plain function stays unbound
         self.config = data.draw(machine.config_strategy, label="config")
         note(f"config: {self.config}")
-        self.sim = Sim(self.config, make=machine.factory)
+        self.sim = Sim(self.config, make=machine.factory, tokens=self._tokens)
         self.sched, self.pool = self.sim.scheduler, self.sim.pool
+        self.ids: list[str] = []  # every request accepted, in order
+        self.ends: dict[str, tuple[bool, bool]] = {}  # request id -> (STOP_TOKEN is its stop id, ignore_eos)
+        self.emit: tuple[int, int] | None = None  # the `stop` rule's (row index, token) for the next step
+        self.emitted: str | None = None  # the request that got it
         self.model = ContractModel(self.config)
         self.warm = frozenset(warm_plan(self.sim.builder.bucketer))
         self.lad: Ladders = ladders(self.config)
         self.plan: StepPlan | None = None  # the last step's
         self.last: tuple[str, str | None, tuple[str, ...]] = ("idle", None, ())  # kind, admitted, finished
 
+    def _tokens(self, plan: StepPlan) -> list[int]:
+        """Stand-ins, except the `stop` rule's token for one computed row."""
+        out = [STAND_IN] * len(plan.rows)
+        if self.emit is not None:
+            i, token = self.emit
+            i %= len(out)
+            out[i], self.emitted = token, plan.rows[i].request_id
+        return out
+
     # -- rules --------------------------------------------------------------------------------
-    def _submit(self, prompt_len: int, max_tokens: int) -> None:
+    def _submit(self, prompt_len: int, max_tokens: int, stop_id: bool = False, ignore_eos: bool = False) -> None:
         """Add one request to both; the scheduler must accept it exactly when DESIGN does."""
         reason = self.model.reject_reason(prompt_len, max_tokens)
         before = self.sched.snapshot()
+        what = f"add({prompt_len}, {max_tokens}{', stop id' if stop_id else ''}{', ignore_eos' if ignore_eos else ''})"
         try:
-            rid = self.sched.add([1] * prompt_len, max_tokens)
+            rid = self.sched.add([1] * prompt_len, max_tokens, None, (STOP_TOKEN,) if stop_id else (), ignore_eos)
         except RequestError as e:
-            note(f"add({prompt_len}, {max_tokens}) refused: {e}")
+            note(f"{what} refused: {e}")
             assert reason is not None, f"refused a request DESIGN accepts: {e}"
             assert self.sched.snapshot() == before, "a refused request changed the scheduler"
             return
-        note(f"add({prompt_len}, {max_tokens}) -> {rid}")
+        note(f"{what} -> {rid}")
         assert reason is None, f"accepted {rid}, but DESIGN refuses it: {reason}"
         self.model.add(rid, prompt_len, max_tokens)
+        self.ids.append(rid)
+        self.ends[rid] = (stop_id, ignore_eos)
 
     def _fits(self) -> bool:
         return longest_prompt(self.config) >= 1
 
     @precondition(_fits)
-    @rule(data=st.data())
-    def add(self, data: st.DataObject) -> None:
-        self._submit(*data.draw(requests(self.config), label="request"))
+    @rule(data=st.data(), stop_id=st.booleans(), ignore_eos=st.booleans())
+    def add(self, data: st.DataObject, stop_id: bool, ignore_eos: bool) -> None:
+        self._submit(*data.draw(requests(self.config), label="request"), stop_id, ignore_eos)
 
     @rule(data=st.data())
     def refuse(self, data: st.DataObject) -> None:
@@ -113,14 +135,60 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def step(self) -> None:
         """One step on both: the scheduler's plan (or idle) and the model's."""
+        self._step()
+
+    @rule(row=st.integers(0, 7), eos=st.booleans())
+    def stop(self, row: int, eos: bool) -> None:
+        """One step in which the `row`-th computed row (modulo their number) generates EOS or
+        STOP_TOKEN; DESIGN: it ends when that is one of its stop ids, or the EOS it does not ignore."""
+        self.emit, self.emitted = (row, EOS if eos else STOP_TOKEN), None
+        try:
+            self._step()
+        finally:
+            self.emit = None
+
+    def _step(self) -> None:
         self.plan = plan = self.sim.step()
-        expected = self.model.step()
-        finished = tuple(r.request_id for r in self.sim.finished)
+        rid, stopped, got = self.emitted, set(), ""
+        if rid is not None and self.emit is not None:
+            stop_id, ignore_eos = self.ends[rid]
+            eos = self.emit[1] == EOS
+            if (not ignore_eos) if eos else stop_id:
+                stopped.add(rid)
+            got = f"; {rid} generated {'the EOS' if eos else 'STOP_TOKEN'}"
+        expected = self.model.step(stopped)
+        done = self.sim.finished if plan is not None else []
+        finished = tuple(r.request_id for r in done)
         if plan is None:
             self.last = ("idle", None, ())
         else:
             self.last = (plan.kind, plan.admission.request_id if plan.admission else None, finished)
-        note(f"step -> {plan.bucket if plan else 'idle'}, tkv {self.sched.tkv}, finished {finished}; model {expected}")
+        note(f"step -> {plan.bucket if plan else 'idle'}, tkv {self.sched.tkv}, finished {finished}{got}")
+        note(f"  model {expected}")
+        for r in done:
+            want = "stop" if r.request_id in stopped else "length"
+            assert r.finish_reason == want, f"{r.request_id} ended with reason {r.finish_reason!r}, DESIGN: {want!r}"
+
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        """Abort a request: mostly one the model has waiting or running, else any accepted one
+        (ended ones too) or one nobody added."""
+        live = [r.request_id for r in self.model.rows] + [w.request_id for w in self.model.waiting]
+        choices = [*live, *live, *live, *self.ids, "no-such-request"]
+        rid = choices[data.draw(st.integers(0, len(choices) - 1), label="abort index")]
+        a = abort_once(self.sched, rid)
+        why = self.model.abort_refusal(rid)
+        if a.error is not None:
+            note(f"abort({rid}) refused: {a.error}")
+            assert why is not None, f"abort({rid}) refused, but DESIGN ends it: {a.error}"
+            assert not a.changed, f"a refused abort({rid}) changed the scheduler"
+            return
+        note(f"abort({rid}) -> freed {list(a.blocks)} + {a.reserved} promised; tkv {self.sched.tkv}")
+        assert why is None, f"abort({rid}) succeeded, but DESIGN refuses it: {why}"
+        leak = abort_leak(self.sched, a)
+        assert leak is None, f"abort({rid}) leaked blocks: {leak}"
+        self.model.abort(rid)
+        self.plan, self.last = None, ("abort", None, (rid,))
 
     # -- invariants -----------------------------------------------------------------------------
     @invariant()

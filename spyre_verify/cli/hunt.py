@@ -158,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
     return 1 if p["findings"] else 0
 
 
-SHOWN = ("block_size", "max_model_len", "max_num_seqs", "num_blocks", "total_blocks", "kv_buckets", "batched_decode")
+SHOWN = (
+    "block_size", "max_model_len", "max_num_seqs", "num_blocks", "total_blocks", "kv_buckets", "batched_decode",
+    "max_batch_tkv_limit",
+)  # fmt: skip
 
 
 def _describe(f: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.findings import CHECKS, Finding, crash, from_runtime
 from spyre_verify.hunt.properties import check_config, check_ladders, check_trace, check_warmup
-from spyre_verify.hunt.strategies import Op
+from spyre_verify.hunt.strategies import VIAS, Op
 from spyre_verify.report import SCHEMA_VERSION
 
 
@@ -92,15 +92,17 @@ def config_of(payload: dict[str, Any]) -> RuntimeConfig:
     return RuntimeConfig(**kwargs)
 
 
-_OP = re.compile(r"add\((\d+), (\d+)\)|step\((\d+)\)")
+_OP = re.compile(r"add\((\d+), (\d+)(?:, ([a-z-]+)@(\d+))?\)|step\((\d+)\)|abort\(#(\d+)\)")
 
 
 def op_of(text: str) -> Op:
-    """The inverse of `str(Op)`: `add(prompt_len, max_tokens)` or `step(n)`."""
+    """The inverse of `str(Op)`: `add(prompt_len, max_tokens)`, `add(p, m, via@k)`, `step(n)`, `abort(#i)`."""
     m = _OP.fullmatch(text)
-    if m is None:
-        raise ValueError(f"event {text!r} is neither add(p, m) nor step(n)")
-    return Op("add", int(m[1]), int(m[2])) if m[1] else Op("step", steps=int(m[3]))
+    if m is None or (m[3] is not None and m[3] not in VIAS):
+        raise ValueError(f"event {text!r} is none of add(p, m), add(p, m, via@k), step(n), abort(#i)")
+    if m[1]:
+        return Op("add", int(m[1]), int(m[2]), stop=int(m[4]), via=m[3]) if m[3] else Op("add", int(m[1]), int(m[2]))
+    return Op("step", steps=int(m[5])) if m[5] else Op("abort", ref=int(m[6]))
 
 
 def finding_of(d: dict[str, Any]) -> Finding:

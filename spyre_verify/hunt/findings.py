@@ -87,9 +87,13 @@ def drawn_case(e: BaseException) -> tuple[dict[str, Any], dict[str, str]] | None
 
 
 def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
-    """A walk witness as hunt events: a join is an add and one step, a decode one step."""
+    """A walk witness as hunt events: a join is an add and one step, a decode one step, and an
+    abort (of the witness's index-th join, which is its index-th add) is an abort."""
     out: list[Op] = []
     for a in actions:
+        if a.kind == "abort":
+            out.append(Op("abort", ref=a.index))
+            continue
         if a.kind == "join":
             out.append(Op("add", a.prompt_len, a.max_tokens))
         if out and out[-1].kind == "step":
@@ -129,7 +133,13 @@ def config_code(c: RuntimeConfig) -> str:
 
 
 def op_code(op: Op) -> str:
-    return f"Op('add', {op.prompt_len}, {op.max_tokens})" if op.kind == "add" else f"Op('step', steps={op.steps})"
+    """`Op(...)` as Python, with only the fields its kind uses."""
+    if op.kind == "abort":
+        return f"Op('abort', ref={op.ref})"
+    if op.kind == "step":
+        return f"Op('step', steps={op.steps})"
+    early = f", stop={op.stop}, via={op.via!r}" if op.stop else ""
+    return f"Op('add', {op.prompt_len}, {op.max_tokens}{early})"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""The contract model in lockstep with a hunt's replay: the first step where the scheduler
-and DESIGN's rules (`spyre_verify.oracle.model`) differ, and the request gate.
+"""The contract model in lockstep with a hunt's replay: the first step or abort where the
+scheduler and DESIGN's rules (`spyre_verify.oracle.model`) differ, the request gate, and
+leaked blocks.
 
 The same comparison as the `contract-conformance` checker, on the tensor-free replay of
 `spyre_verify.hunt.strategies.replay`, so every trace the dispatch property draws is also a
-conformance test of the scheduler: admissions, shifts, strips, finishes, left padding,
-blocks and reservations, and stalls (an idle engine the contract says has work).
+conformance test of the scheduler: admissions, shifts, strips, finishes and their reasons,
+stops, aborts, left padding, blocks and reservations, and stalls (an idle engine the
+contract says has work). The pool is judged on its own too: an abort returns the
+request's blocks and promise at once, and an empty engine holds no block and no promise.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Scheduler
 from spyre_verify.hunt.findings import Finding
-from spyre_verify.hunt.strategies import BatchState, StepPoint
+from spyre_verify.hunt.strategies import AbortPoint, BatchState, Op, StepPoint
 from spyre_verify.oracle.model import ContractModel
 
 if TYPE_CHECKING:
@@ -29,18 +32,23 @@ class Lockstep:
         self.steps = 0
         self.first: tuple[str, str, StepPoint | None] | None = None  # (kind, message, point)
         self.gate: tuple[str, str] | None = None  # the first add the runtime and DESIGN disagree on
+        # Request id -> the position of the generated token that stops it. Known from the trace,
+        # so the model is told of stops without reading tokens from the runtime.
+        self.stops: dict[str, int] = {}
 
-    def on_add(self, request_id: str | None, prompt_len: int, max_tokens: int) -> None:
-        reason = self.model.reject_reason(prompt_len, max_tokens)
+    def on_add(self, request_id: str | None, op: Op) -> None:
+        reason = self.model.reject_reason(op.prompt_len, op.max_tokens)
         if self.gate is None and (request_id is None) != (reason is not None):
-            what = f"a request of {prompt_len} prompt tokens with max_tokens={max_tokens}"
+            what = f"a request of {op.prompt_len} prompt tokens with max_tokens={op.max_tokens}"
             self.gate = (
                 ("wrongly-rejected", f"{what} was rejected, but DESIGN accepts it")
                 if request_id is None
                 else ("wrongly-accepted", f"{what} was accepted as {request_id}, but DESIGN rejects it: {reason}")
             )
         if request_id is not None:
-            self.model.add(request_id, prompt_len, max_tokens)
+            self.model.add(request_id, op.prompt_len, op.max_tokens)
+            if op.stop and op.via != "ignored-eos":
+                self.stops[request_id] = op.stop
 
     def on_step(self, sched: Scheduler, point: StepPoint | None) -> None:
         if self.first is not None:
@@ -48,7 +56,8 @@ class Lockstep:
         step = self.steps
         self.steps += point is not None
         m = self.model
-        m.step()
+        stopped = stopping(m, self.stops) if self.stops else set()
+        m.step(stopped)
         kind = point.kind if point is not None else "idle"
         admitted = point.seqs[0].request_id if point is not None and point.kind == "prefill" else None
         finished = point.finished if point is not None else ()
@@ -57,6 +66,44 @@ class Lockstep:
         if diffs:
             rule, message = diffs[0]
             self.first = ("stall" if rule == "stall" else "divergence", f"step {step}: rule {rule!r}: {message}", point)
+            return
+        for rid, why in zip(finished, point.reasons if point is not None else (), strict=True):
+            want = "stop" if rid in stopped else "length"
+            if why != want:
+                msg = f"step {step}: rule 'finish': {rid} ended with reason {why!r}, DESIGN says {want!r}"
+                self.first = ("divergence", msg, point)
+                return
+
+    def on_abort(self, sched: Scheduler, a: AbortPoint) -> None:
+        if self.first is not None:
+            return
+        m = self.model
+        where = f"abort of {a.request_id}" + (f" (add #{a.ref})" if a.ref >= 0 else " at the end of the trace")
+        why = m.abort_refusal(a.request_id)
+        if (a.error is None) != (why is None):
+            self.first = (
+                ("wrongly-refused-abort", f"{where} was refused ({a.error}), but DESIGN ends it", None)
+                if a.error is not None
+                else ("wrongly-accepted-abort", f"{where} succeeded, but DESIGN refuses it: {why}", None)
+            )
+            return
+        if a.error is not None:
+            if a.changed:
+                self.first = ("abort-changed-state", f"{where} was refused ({a.error}) but changed the scheduler", None)
+            return
+        if leak := abort_leak(sched, a):
+            self.first = ("block-leak", f"after the {where}: {leak}", None)
+            return
+        m.abort(a.request_id)
+        waiting = tuple(r.request_id for r in sched.waiting)
+        diffs = m.diff(sched.row_states(), sched.tkv, "abort", None, (a.request_id,), waiting, sched.pool.num_free)
+        if diffs:
+            rule, message = diffs[0]
+            self.first = ("divergence", f"after the {where}: rule {rule!r}: {message}", None)
+
+    def on_end(self, sched: Scheduler) -> None:
+        if self.first is None and not sched.waiting and not sched.running and (leak := empty_pool_leak(sched)):
+            self.first = ("block-leak", f"every request has ended, yet {leak}", None)
 
     def findings(self, w: World, state: BatchState) -> list[Finding]:
         out = []
@@ -65,6 +112,42 @@ class Lockstep:
             out.append(Finding.of(w, "dispatch", kind, msg, None, None, state.ops))
         if self.first is not None:
             kind, msg, point = self.first
-            bucket = None
-            out.append(Finding.of(w, "dispatch", kind, msg, bucket, point, state.ops))
+            out.append(Finding.of(w, "dispatch", kind, msg, None, point, state.ops))
         return out
+
+
+def stopping(m: ContractModel, stops: dict[str, int]) -> set[str]:
+    """Who generates their stop token (at the position `stops` gives) in the model's next step,
+    if that step computes their row: the head of the queue at its first token, a row at its next."""
+    out = {r.request_id for r in m.rows if stops.get(r.request_id) == r.generated + 1}
+    if m.waiting and stops.get(m.waiting[0].request_id) == 1:
+        out.add(m.waiting[0].request_id)
+    return out
+
+
+def abort_leak(sched: Scheduler, a: AbortPoint) -> str | None:
+    """What an abort that succeeded failed to give back: its blocks, its promise, free count."""
+    pool = sched.pool
+    owned = pool.allocated()
+    kept = [b for b in a.blocks if b in owned]
+    if kept:
+        return f"its blocks {kept} are still allocated (to {sorted({owned[b] for b in kept})})"
+    if n := pool.reserved(a.request_id):
+        return f"{n} block(s) are still promised to it"
+    got = pool.num_free - a.free_before
+    if got != len(a.blocks) + a.reserved:
+        return f"the pool's free count rose by {got}, not by its {len(a.blocks)} block(s) + {a.reserved} promised"
+    return None
+
+
+def empty_pool_leak(sched: Scheduler) -> str | None:
+    """With no request waiting or running, every usable block is free and nothing is promised."""
+    pool = sched.pool
+    _, owners, promised = pool.snapshot()
+    if owners:
+        return f"blocks are still allocated: {dict(owners)}"
+    if promised:
+        return f"blocks are still promised: {dict(promised)}"
+    if pool.num_free != pool.usable:
+        return f"the pool has {pool.num_free} free blocks of {pool.usable}"
+    return None

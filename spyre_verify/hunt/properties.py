@@ -1,9 +1,11 @@
 """The no-compile hunt properties: the runtime's components against the oracle, with nothing compiled.
 
-- **dispatch**: replay an event trace on the real scheduler, with the contract model
-  (`spyre_verify.oracle.model`) in lockstep after every step; every bucket the
+- **dispatch**: replay an event trace (adds, some stopping early on a stop token or the
+  EOS, steps, and aborts) on the real scheduler, with the contract model
+  (`spyre_verify.oracle.model`) in lockstep after every step and abort; every bucket the
   metadata builder picks must be the oracle's key for that batch shape, be in the
-  warm set, and come with a block table that passes the padding rules.
+  warm set, and come with a block table that passes the padding rules. At the end the
+  trace aborts whatever is left: no block may leak, after any abort or at the end.
 - **warmup**: the planned warm set (`runtime.warmup.warm_plan`, the runtime's output)
   equals the reachable set of the oracle's walk, budgeted and memoised per config.
 - **ladders**: the builder, probed over every batch shape, uses the oracle's ladders
@@ -66,13 +68,14 @@ def guarded(
 def run_trace(
     config: RuntimeConfig, events: Sequence[Op], fault: str | None = None
 ) -> tuple[BatchState | None, list[Finding]]:
-    """Replay `events` on the real scheduler beside the contract model; the state and the findings."""
+    """Replay `events` on the real scheduler beside the contract model, then abort what is left
+    (the drain); the state and the findings."""
     out: list[BatchState] = []
 
     def body() -> list[Finding]:
         w = world(config, fault)
         lock = Lockstep(w.config)
-        out.append(replay(w.config, list(events), lock, w.builder))
+        out.append(replay(w.config, list(events), lock, w.builder, drain=True))
         return lock.findings(w, out[0]) + trace_findings(w, out[0])
 
     found = guarded("dispatch", config, fault, body, events)
@@ -281,7 +284,8 @@ PROPERTIES: dict[str, Property] = {
         Property("warmup", "warm plan == the oracle's reachable set", lambda f: walk_configs(), warmup_property),
         Property(
             "dispatch",
-            "every step conforms to the contract model; every dispatch keyed by the oracle, warm, padded right",
+            "with stops and aborts, every step conforms to the contract model; every dispatch keyed by the oracle, "
+            "warm, padded right; no block leaks",
             dispatch_cases,
             dispatch_property,
         ),

@@ -22,6 +22,7 @@ from runtime.warmup import warm_plan
 from spyre_verify import faults, profiles
 from spyre_verify.checks.padding_rules import block_table_problems
 from spyre_verify.cli.main import main
+from spyre_verify.cli.replay import op_of
 from spyre_verify.hunt import properties as hunt
 from spyre_verify.hunt.properties import check_trace, check_warmup
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_hunt, run_workers
@@ -93,15 +94,10 @@ def test_over_pruned_warmup_names_the_missing_bucket_and_a_witness_that_reaches_
     assert f["bucket"] == str(faults.dropped_bucket(warm_plan(SpyreAttnBucketer(config))))
     assert f["witness"]["actions"]
     # The witness, replayed on the real scheduler, ends on a dispatch whose oracle key is the bucket.
-    last = replay(config, [Op(o.split("(")[0], *_args(o)) for o in f["events"]]).points[-1]
+    last = replay(config, [op_of(o) for o in f["events"]]).points[-1]
     lad = ladders(config)
     key = prefill_key(lad, last.tkv) if last.kind == "prefill" else decode_key(lad, len(last.seqs), last.tkv)
     assert str(key) == f["bucket"]
-
-
-def _args(op: str) -> tuple[int, ...]:
-    nums = tuple(int(x) for x in op[op.index("(") + 1 : -1].split(","))
-    return nums if op.startswith("add") else (0, 0, *nums)
 
 
 def test_over_pruned_warmup_on_a_one_bucket_plan_is_a_finding_not_an_error() -> None:

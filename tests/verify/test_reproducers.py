@@ -197,7 +197,7 @@ BAD: dict[str, tuple[object, int, str]] = {
     "bad event": (
         hunt_report({**FINDING, "config": config_payload(SMALL), "events": ["add(1, 2)", "jump(3)"]}),
         1,
-        "event 'jump(3)' is neither add(p, m) nor step(n)",
+        "event 'jump(3)' is none of add(p, m), add(p, m, via@k), step(n), abort(#i)",
     ),
 }
 

@@ -10,7 +10,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from runtime.config import RuntimeConfig
-from runtime.scheduler import Admission, Scheduler
+from runtime.scheduler import Admission, Request, Scheduler
 from spyre_verify import profiles
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.stateful import SchedulerMachine
@@ -64,9 +64,67 @@ class StripsOneStepLate(Scheduler):
 )
 def test_a_broken_scheduler_fails_the_machine(broken: type[Scheduler], rule: str) -> None:
     with pytest.raises(AssertionError, match=f"the scheduler leaves the contract: .*'{rule}'"):
-        # No shrinking: the failure is the point, not its smallest form.
-        quick = bounded(report_multiple_bugs=False, phases=(Phase.generate,))
+        # No shrinking: the failure is the point, not its smallest form. It stops at the first
+        # failure; the bound only matters when none comes.
+        quick = bounded(max_examples=300, report_multiple_bugs=False, phases=(Phase.generate,))
         run_state_machine_as_test(SchedulerMachine.for_factory(broken), settings=quick)
+
+
+class AbortLeaksBlocks(Scheduler):
+    """Abort forgets to return a running request's blocks and promise to the pool."""
+
+    def _end(self, r: Request, reason: str) -> None:
+        if reason != "abort":
+            return super()._end(r, reason)
+        r.finish_reason = reason
+        self.running.remove(r)
+
+
+class IgnoresStopTokenIds(Scheduler):
+    """Only the EOS stops a request; its own stop_token_ids are forgotten."""
+
+    def finish_reason(self, r: Request) -> str | None:
+        ids, r.stop_token_ids = r.stop_token_ids, ()
+        try:
+            return super().finish_reason(r)
+        finally:
+            r.stop_token_ids = ids
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [(AbortLeaksBlocks, r"abort\(req-\d+\) leaked blocks: its blocks \[.*\] are still allocated"),
+     (IgnoresStopTokenIds, r"'finish'")],
+    ids=["abort-leaks", "ignores-stop-ids"],
+)  # fmt: skip
+def test_a_scheduler_that_ends_requests_wrongly_fails_the_machine(broken: type[Scheduler], message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        quick = bounded(max_examples=300, report_multiple_bugs=False, phases=(Phase.generate,))
+        run_state_machine_as_test(SchedulerMachine.for_factory(broken), settings=quick)
+
+
+def test_the_machine_stops_and_aborts_requests_of_every_kind() -> None:
+    seen: dict[str, int] = {"stop": 0, "length": 0, "abort waiting": 0, "abort running": 0, "abort refused": 0}
+
+    class Counting(Scheduler):
+        def abort(self, request_id: object) -> Request:
+            running = any(r.request_id == request_id for r in self.running)
+            try:
+                r = super().abort(request_id)
+            except Exception:
+                seen["abort refused"] += 1
+                raise
+            seen["abort running" if running else "abort waiting"] += 1
+            return r
+
+        def finish_reason(self, r: Request) -> str | None:
+            why = super().finish_reason(r)
+            if why is not None:
+                seen[why] += 1
+            return why
+
+    run_state_machine_as_test(SchedulerMachine.for_factory(Counting), settings=bounded(max_examples=30))
+    assert all(n >= 3 for n in seen.values()), seen
 
 
 def test_model_admits_what_the_contract_says() -> None:
