@@ -9,7 +9,6 @@ import math
 import multiprocessing
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,19 +166,16 @@ def run_workers(plan: HuntPlan, workers: int, say: Say | None = None) -> list[li
         for i in range(workers)
     ]
     # spawn: a clean interpreter per worker, whatever threads this process has started. Workers
-    # ignore Ctrl-C: the terminal sends it to the whole group, and only this process reports it.
+    # ignore Ctrl-C (the terminal sends it to the whole group); this process alone takes it,
+    # in a timed wait (an untimed one may not wake for a signal), and terminates the pool.
     ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
-    )
-    try:
-        return list(pool.map(_worker, plans))
-    except KeyboardInterrupt:
-        for p in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
-            p.terminate()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    with ctx.Pool(workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+        pending = pool.map_async(_worker, plans)
+        while True:
+            try:
+                return list(pending.get(timeout=1.0))
+            except multiprocessing.TimeoutError:
+                continue
 
 
 def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:
