@@ -14,7 +14,12 @@ from pathlib import Path
 def test_ctrl_c_on_a_two_worker_hunt_ends_in_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "spyre_verify", "hunt", "--workers", "2", "--examples", "100000", "--seed", "0"]
     cmd += ["--out", str(tmp_path / "out"), "--database", str(tmp_path / "db")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Without coverage's subprocess hooks: they trace the spawned workers too, and a terminated
+    # worker's coverage shutdown can outlive the hunt. This test is about the hunt's own handling.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE")}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     assert proc.stderr is not None
     seen = [proc.stderr.readline()]
     while "examples" not in seen[-1]:  # "worker N: <property>: K examples, R/s": the workers are hunting
