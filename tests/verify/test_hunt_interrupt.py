@@ -18,7 +18,14 @@ def test_ctrl_c_on_a_two_worker_hunt_ends_in_one_line(tmp_path: Path) -> None:
     # worker's coverage shutdown can outlive the hunt. This test is about the hunt's own handling.
     env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE")}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        # As from a terminal: a test runner's worker may ignore SIGINT, and an ignored signal is inherited.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     seen = [proc.stderr.readline()]
