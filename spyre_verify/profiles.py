@@ -12,8 +12,10 @@ Pick one with `load_profile(name)`, the `HYPOTHESIS_PROFILE` variable, or the hu
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 from spyre_verify.errors import UsageError
@@ -25,6 +27,9 @@ PROFILES = (CI, DEV, HUNT)
 
 # A slow first example is torch warming up, not a broken strategy.
 _SLOW_OK = [HealthCheck.too_slow]
+# The `hunt` profile's example database when one is named (the pytest plugin's
+# --spyre-hunt-database); kept here so that every re-registration keeps it.
+_hunt_database: ExampleDatabase | None = None
 
 
 def register() -> None:
@@ -39,6 +44,8 @@ def register() -> None:
         print_blob=True,
         suppress_health_check=_SLOW_OK,
     )
+    # Hypothesis's own default database, unless one was named.
+    hunt_database: dict[str, Any] = {} if _hunt_database is None else {"database": _hunt_database}
     settings.register_profile(DEV, deadline=None, max_examples=100, suppress_health_check=_SLOW_OK)
     settings.register_profile(
         HUNT,
@@ -46,7 +53,15 @@ def register() -> None:
         max_examples=10_000,
         stateful_step_count=100,
         suppress_health_check=[*_SLOW_OK, HealthCheck.data_too_large],
+        **hunt_database,
     )
+
+
+def set_hunt_database(database: ExampleDatabase | None) -> None:
+    """The `hunt` profile's example database from now on (None: Hypothesis's default directory)."""
+    global _hunt_database
+    _hunt_database = database
+    register()
 
 
 def resolve(name: str | None) -> str:

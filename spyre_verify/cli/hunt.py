@@ -26,6 +26,7 @@ from spyre_verify import faults
 from spyre_verify.cli import replay
 from spyre_verify.cli.args import SEED_MAX, Count, seed
 from spyre_verify.errors import UsageError
+from spyre_verify.hunt.database import check_database, database_arg
 from spyre_verify.hunt.properties import PROPERTIES
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
 from spyre_verify.messages import say
@@ -49,7 +50,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--workers", type=Count("--workers", 1, MAX_WORKERS), default=1, help="processes sharing one example database"
     )
-    p.add_argument("--database", type=Path, default=DEFAULT_DATABASE, help="example database directory")
+    p.add_argument(
+        "--database",
+        type=database_arg,
+        default=DEFAULT_DATABASE,
+        help="example database: a directory, or redis://HOST:PORT/DB shared by several machines",
+    )
     p.add_argument("--hypothesis-profile", default=None, help=f"ci, dev or hunt (default: ${ENV}, else {HUNT})")
     p.add_argument("--property", action="append", choices=list(PROPERTIES), help="run only these (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
@@ -72,7 +78,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str]:
     elif seed is None:
         seed, source = random.SystemRandom().randrange(2**32), "random"
     props = tuple(args.property) if args.property else tuple(PROPERTIES)
-    plan = HuntPlan(examples, seed, args.control, profile, str(args.database), props)
+    database = str(args.database)
+    check_database(database)  # a redis server that does not answer: exit 2 before any work
+    plan = HuntPlan(examples, seed, args.control, profile, database, props)
     return plan, source
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
+from spyre_verify.hunt.database import open_database
 from spyre_verify.hunt.findings import Finding, crash, from_runtime
 from spyre_verify.hunt.properties import PROPERTIES
 from spyre_verify.messages import Progress, say
@@ -31,7 +31,7 @@ class HuntPlan:
     seed: int | None  # None: the profile decides (random, or derandomized for `ci`)
     fault: str | None = None
     profile: str | None = None
-    database: str | None = None  # a directory shared by every worker; None: no database
+    database: str | None = None  # a directory or redis:// URL every worker opens itself; None: no database
     properties: tuple[str, ...] = tuple(PROPERTIES)
     worker: int = 0
     progress_every: float = 5.0  # seconds between progress lines
@@ -98,7 +98,7 @@ def hunt_settings(plan: HuntPlan) -> settings:
         max_examples=plan.examples,
         deadline=None,
         derandomize=base.derandomize and plan.seed is None,
-        database=DirectoryBasedExampleDatabase(plan.database) if plan.database else None,
+        database=open_database(plan.database) if plan.database else None,
         verbosity=Verbosity.quiet,  # findings are reported by the hunt, not as tracebacks
         report_multiple_bugs=True,
         phases=[p for p in base.phases if p != Phase.explain],  # explain's output is not shown
