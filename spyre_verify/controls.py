@@ -10,6 +10,8 @@ import torch
 
 from runtime.config import RuntimeConfig
 from spyre_verify import faults
+from spyre_verify.errors import UsageError
+from spyre_verify.runtimes import BUNDLED_FACTORY, Probe
 from spyre_verify.session import Progress, RunResult, verify
 from spyre_verify.workload import Item
 
@@ -32,12 +34,27 @@ class KillRow:
         }
 
 
+def fault_catalog(rt: Probe) -> dict[str, str]:
+    """Fault -> the checker that must catch it: the bundled catalog, or the runtime's own."""
+    if rt.bundled:
+        return {n: f.checker for n, f in faults.CATALOG.items()}
+    if not rt.faults:
+        raise UsageError(f"the {rt.name} runtime ({rt.target}) ships no faults(): there is nothing to prove caught")
+    return dict(rt.faults)
+
+
 def run_fault(
-    config: RuntimeConfig, name: str, workload: Sequence[Item] | None = None, progress: Progress | None = None
+    config: RuntimeConfig,
+    name: str,
+    workload: Sequence[Item] | None = None,
+    progress: Progress | None = None,
+    runtime: str = BUNDLED_FACTORY,
 ) -> RunResult:
+    torch._dynamo.reset()
+    if runtime != BUNDLED_FACTORY:  # another runtime seeds its own faults from Settings.fault
+        return verify(config, workload=workload, fault=name, progress=progress, runtime=runtime)
     fault = faults.get(name)
     cfg, seams = fault.apply(config)
-    torch._dynamo.reset()
     dynamo_log = logging.getLogger("torch._dynamo")
     level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
@@ -48,8 +65,8 @@ def run_fault(
         dynamo_log.setLevel(level)
 
 
-def kill_row(name: str, result: RunResult) -> KillRow:
-    expected = faults.get(name).checker
+def kill_row(name: str, result: RunResult, expected: str | None = None) -> KillRow:
+    expected = expected or faults.get(name).checker
     by = tuple(c.name for c in result.checkers if c.violations)
     first = next((str(v) for c in result.checkers if c.name == expected for v in c.violations), None)
     first = first or (str(result.violations[0]) if result.violations else result.error or "nothing flagged")
@@ -62,13 +79,17 @@ def kill_table(
     names: list[str] | None = None,
     progress: Progress | None = None,
     rows: list[KillRow] | None = None,
+    runtime: str = BUNDLED_FACTORY,
+    catalog: dict[str, str] | None = None,
 ) -> list[KillRow]:
-    """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps them)."""
+    """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps them).
+    `catalog` (fault -> checker) is another runtime's own; default: the bundled catalog."""
     rows = [] if rows is None else rows
-    for name in names or list(faults.CATALOG):
+    catalog = catalog if catalog is not None else {n: f.checker for n, f in faults.CATALOG.items()}
+    for name in names or list(catalog):
         if progress:
             progress(f"control: {name}")
-        rows.append(kill_row(name, run_fault(config, name, workload)))
+        rows.append(kill_row(name, run_fault(config, name, workload, runtime=runtime), catalog[name]))
     return rows
 
 
@@ -77,8 +98,10 @@ def run_catalog(
     workload: Sequence[Item] | None = None,
     names: list[str] | None = None,
     progress: Progress | None = None,
+    runtime: str = BUNDLED_FACTORY,
+    catalog: dict[str, str] | None = None,
 ) -> tuple[RunResult, list[KillRow]]:
     """The clean run (which must be quiet), then the kill table."""
     torch._dynamo.reset()
-    clean = verify(config, workload=workload, progress=progress)
-    return clean, kill_table(config, workload, names, progress)
+    clean = verify(config, workload=workload, progress=progress, runtime=runtime)
+    return clean, kill_table(config, workload, names, progress, runtime=runtime, catalog=catalog)

@@ -29,7 +29,6 @@ profiles.register()
 
 if TYPE_CHECKING:
     from runtime.config import RuntimeConfig
-    from runtime.engine import Engine
     from spyre_verify.session import DispatchLog
 
 # torch and the runtime are imported inside the hooks and fixtures that need them, so
@@ -40,6 +39,8 @@ if TYPE_CHECKING:
 _SHARD_KEY = pytest.StashKey[tuple[int, int, int, int]]()
 _CONFIG_KEY = pytest.StashKey["RuntimeConfig"]()
 _EMPTY_KEY = pytest.StashKey[str]()
+# The hunt profile's example database, when --spyre-hunt-database is not given.
+HUNT_DATABASE_ENV = "SPYRE_VERIFY_HUNT_DATABASE"
 
 MARKERS = {
     "inductor": "compiles with inductor (about 5 s a graph on CPU)",
@@ -63,6 +64,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="exit 0, not 5, when no test is selected at all (an empty shard of a non-empty selection always does)",
     )
+    g.addoption(
+        "--spyre-hunt-database",
+        default=None,
+        help=f"the hunt profile's example database: a directory, or redis://HOST:PORT/DB shared by several machines (default: ${HUNT_DATABASE_ENV})",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,6 +81,31 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--attn-shards={n} --attn-shard-id={k}: need N >= 1 and 0 <= K < N")
     if not config.getoption("help", False):
         config.stash[_CONFIG_KEY] = fixture_config(config, os.environ)
+        hunt_database(config, os.environ)
+
+
+def hunt_database(config: pytest.Config, env: Mapping[str, str]) -> None:
+    """Point the `hunt` profile at the named database, if any: the option, else the env variable.
+    A malformed URL, a redis server that does not answer or a directory that cannot be
+    written stops pytest here."""
+    from pathlib import Path
+
+    from spyre_verify.cli.args import check_dir
+    from spyre_verify.errors import UsageError
+    from spyre_verify.hunt.database import check_database, is_url, open_database
+
+    option = config.getoption("spyre_hunt_database")
+    flag, spec = ("--spyre-hunt-database", option) if option else (HUNT_DATABASE_ENV, env.get(HUNT_DATABASE_ENV))
+    if not spec:
+        return
+    try:
+        if is_url(spec):
+            check_database(spec, flag)
+        else:
+            check_dir(Path(spec), flag)
+        profiles.set_hunt_database(open_database(spec, flag))
+    except UsageError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 # The spyre_* fixtures' config before options and env: small enough to warm in seconds.
@@ -196,26 +227,46 @@ def spyre_config(request: pytest.FixtureRequest) -> RuntimeConfig:
 
 
 @pytest.fixture
-def spyre_engine(spyre_config: RuntimeConfig) -> Iterator[Engine]:
-    """A warmed engine with every always-on checker attached in strict mode."""
-    from runtime.engine import Engine
+def spyre_runtime_factory() -> Callable[..., Any]:
+    """The runtime `spyre_engine` is built with: a factory taking `spyre_verify.protocol.Settings`.
+    Override it in your conftest.py to aim the fixtures at your own runtime; by default it is the
+    one SPYRE_VERIFY_RUNTIME names, else the bundled one."""
+    from spyre_verify.runtimes import load_factory, resolve_name
+
+    return load_factory(resolve_name(None))
+
+
+@pytest.fixture
+def spyre_engine(spyre_config: RuntimeConfig, spyre_runtime_factory: Callable[..., Any]) -> Iterator[Any]:
+    """A warmed engine with every always-on checker its capabilities allow attached in strict mode."""
     from spyre_verify.checks.graph_reuse import counting_wrapper
+    from spyre_verify.protocol import missing
+    from spyre_verify.runtimes import settings_for
     from spyre_verify.session import always_on
 
     checkers = always_on(strict=True)
     # Graph-reuse counts compiles and hits through its own backend wrapper as well as the runners'.
-    engine = Engine(spyre_config, wrap_backend=counting_wrapper(checkers))
+    engine = spyre_runtime_factory(settings_for(spyre_config, counting_wrapper(checkers)))
+    lacks = missing(engine)
+    if lacks:
+        engine.close() if hasattr(engine, "close") else None
+        pytest.fail(
+            f"spyre_runtime_factory builds a runtime that does not satisfy the protocol; missing: {', '.join(lacks)}"
+        )
+    checkers = [c for c in checkers if not c.skip(engine.capabilities)]
     for c in checkers:
         c.attach(engine)
-    with engine:  # closing it puts back the Dynamo limits it set
+    try:  # closing it puts back the Dynamo limits it set
         engine.warmup()
         yield engine
         for c in checkers:
             c.finish(engine)
+    finally:
+        engine.close()
 
 
 @pytest.fixture
-def dispatch_log(spyre_engine: Engine) -> DispatchLog:
+def dispatch_log(spyre_engine: Any) -> DispatchLog:
     """Every dispatch `spyre_engine` makes, in order."""
     from spyre_verify.session import DispatchLog
 
@@ -232,13 +283,14 @@ class _Compiles:
         self.events.append(ev)
 
 
-def _control_detected(engine: Engine) -> bool:
+def _control_detected(engine: Any) -> bool:
     """The audit's own control: a size `engine` has no graph for, called through its serving
     entry point under the audit's stance, must be refused."""
     from spyre_verify.checks import graph_reuse
-    from spyre_verify.checks.control_calls import control_scope, fresh_size_control
+    from spyre_verify.checks.control_calls import control_scope
 
-    control = fresh_size_control(engine)
+    # The runtime's first control (the bundled one's: a size it has no graph for, chosen afresh).
+    control = next(iter(engine.controls()), None) if hasattr(engine, "controls") else None
     if control is None:
         pytest.fail("graph_audit is broken: every control size already has a graph on this engine")
     try:
@@ -262,7 +314,7 @@ def graph_audit(request: pytest.FixtureRequest) -> Callable[..., AbstractContext
     from spyre_verify.checks.graph_reuse import is_stance_error
 
     @contextmanager
-    def audit(engine: Engine | None = None) -> Iterator[None]:
+    def audit(engine: Any = None) -> Iterator[None]:
         target = engine if engine is not None else request.getfixturevalue("spyre_engine")
         if not _control_detected(target):
             pytest.fail("graph_audit is broken: its control call through the engine's serving path was not refused")

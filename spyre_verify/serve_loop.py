@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from runtime.errors import RequestError
 from spyre_verify.workload import Abort, Arrival, Item
 
 DRAINED, DEADLINE, MAX_STEPS, IDLE, STALL = None, "deadline", "max_steps", "idle", "stall"
@@ -81,7 +80,8 @@ class ServeStats:
     stopped: str | None = DRAINED
 
 
-Rejected = Callable[[Arrival, RequestError], None]
+# The protocol's refusal: a ValueError (the bundled runtime's RequestError is one).
+Rejected = Callable[[Arrival, ValueError], None]
 # An abort with nothing left to abort, and the request id it named (None: its arrival was refused).
 Missed = Callable[[Abort, str | None], None]
 
@@ -102,7 +102,7 @@ def serve(
 
     Plain `arrivals` count their steps from the engine's step count now; pass a `Feed`
     to resume a stream across calls. A request `add_request` refuses goes to
-    `on_rejected`; without one the `RequestError` propagates. An `Abort` whose request
+    `on_rejected`; without one the ValueError propagates. An `Abort` whose request
     has already ended (or was refused) is counted in `stats.abort_missed` and shown to
     `on_missed(abort, request_id)`. `on_step(result, stats)` follows every step. It
     stops early, naming why in `stats.stopped`: past `deadline` (a `time.monotonic()`
@@ -149,7 +149,7 @@ def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Reject
     stats.submitted += 1
     try:
         rid = engine.add_request(list(a.prompt), a.max_tokens, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
-    except RequestError as e:
+    except ValueError as e:
         stats.rejected += 1
         if on_rejected is None:
             raise
@@ -168,14 +168,14 @@ def _abort(engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed:
             engine.abort(rid)
             stats.aborted += 1
             return
-    except RequestError:  # it has already ended: the client left too late, as clients do
+    except ValueError:  # it has already ended: the client left too late, as clients do
         pass
     stats.abort_missed += 1
     if on_missed is not None:
         on_missed(a, rid)
 
 
-def ignore(arrival: Arrival, error: RequestError) -> None:
+def ignore(arrival: Arrival, error: ValueError) -> None:
     """An `on_rejected` for callers that only count refusals."""
 
 
@@ -184,7 +184,7 @@ def judged_by(observers: Sequence[Any]) -> Rejected:
     method (the contract model judges whether DESIGN refuses it too)."""
     judges = [o for o in observers if hasattr(o, "on_rejected")]
 
-    def judge(a: Arrival, e: RequestError) -> None:
+    def judge(a: Arrival, e: ValueError) -> None:
         for j in judges:
             j.on_rejected(a.prompt, a.max_tokens, str(e))
 

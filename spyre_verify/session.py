@@ -12,12 +12,12 @@ from typing import Any
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import DispatchEvent
 from runtime.warmup import Seams
 from spyre_verify import serve_loop
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
+from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
@@ -27,6 +27,8 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.messages import Progress
+from spyre_verify.protocol import Runtime
+from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.workload import Abort, Arrival, Item, boundary_arrivals, seeded_workload
@@ -54,13 +56,21 @@ def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample
 
 
 class DispatchLog:
-    """Every dispatch, in order; also counts per bucket."""
+    """Every dispatch, in order; also counts per bucket, and the graphs warmup compiled."""
 
     def __init__(self) -> None:
         self.events: list[DispatchEvent] = []
+        self.warmup_graphs = 0
+        self.finishes: Counter[str] = Counter()  # ended requests by reason, as the runtime reported them
+
+    def on_finish(self, ev: Any) -> None:
+        self.finishes[ev.reason] += 1
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self.events.append(ev)
+
+    def on_compile(self, ev: Any) -> None:
+        self.warmup_graphs += ev.phase == "warmup"
 
     def counts(self) -> Counter[Bucket]:
         return Counter(e.bucket for e in self.events)
@@ -81,6 +91,8 @@ class RunResult:
     scenarios: int = 0  # coverage scenarios driven after the workload
     coverage_problems: list[str] = field(default_factory=list)  # scenarios the runtime did not follow
     error: str | None = None
+    runtime: str = "bundled"  # the name of the runtime verified
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
 
     def checker(self, name: str) -> Any:
         return next(c for c in self.checkers if c.name == name)
@@ -105,7 +117,7 @@ def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
 
 
 def serve(
-    engine: Engine, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
+    engine: Runtime, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
 ) -> tuple[int, int]:
     """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
 
@@ -137,7 +149,7 @@ def abort_edges(config: RuntimeConfig) -> list[Item]:
     ]
 
 
-def cover(engine: Engine, progress: Progress | None = None) -> tuple[int, list[str]]:
+def cover(engine: Any, progress: Progress | None = None) -> tuple[int, list[str]]:
     """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses)."""
     scenarios = coverage_scenarios(engine.config)
     if progress:
@@ -156,11 +168,14 @@ def verify(
     fault: str | None = None,
     progress: Progress | None = None,
     coverage: bool = True,
+    runtime: str = BUNDLED_FACTORY,
 ) -> RunResult:
     """Warm up, serve the workload (then coverage traffic) under the stance, finish every check.
 
     A crash of the runtime at any stage is a `runtime-crash` violation naming the stage
-    and the batch; the run still finishes its checks and returns a result.
+    and the batch; the run still finishes its checks and returns a result. `runtime` is the
+    factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
+    coverage traffic needs `design_contract`. For another runtime, `fault` is one of its own.
     """
     checkers = checkers if checkers is not None else all_checkers()
     crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
@@ -172,26 +187,34 @@ def verify(
     if dispatch is not None and coverage:
         dispatch.require_coverage = True
     result = RunResult(config, fault, checkers)
+    settings = settings_for(config, counting_wrapper(checkers), None if runtime == BUNDLED_FACTORY else fault, seams)
     # Closing the engine puts back the Dynamo limits it set.
-    with Engine(config, seams, wrap_backend=counting_wrapper(checkers)) as engine:
+    engine = open_runtime(runtime, settings)
+    try:
+        result.runtime = engine.name
+        contract = "design_contract" in engine.capabilities
+        coverage = coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
         for c in checkers:
-            c.attach(engine)
+            if not c.skip(engine.capabilities):
+                c.attach(engine)
+        checkers = [c for c in checkers if c.not_run is None]
+        graph = graph if graph in checkers else None
         stage = "warmup"
         t0 = time.perf_counter()
         try:
             if progress:
-                progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+                progress(f"warmup: compiling {len(engine.warm_plan())} graphs with {config.backend}")
             engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
-            result.warmup_graphs = len(engine.recorder.events)
+            result.warmup_graphs = log.warmup_graphs
             result.warmup_seconds = time.perf_counter() - t0
             if graph is not None:
                 stage = "preflight"
                 graph.preflight()
             stage = "serving"
             # Stop tokens, ignore_eos and aborts mixed in: every way a request ends is served and judged.
-            workload = workload if workload is not None else seeded_workload(config, 40, endings=True)
+            workload = workload if workload is not None else seeded_workload(engine.config, 40, endings=True)
             t0 = time.perf_counter()
             with graph.guard() if graph is not None else contextlib.nullcontext():
                 result.requests, result.rejected = serve(engine, workload, progress, checkers)
@@ -210,9 +233,10 @@ def verify(
             result.error = f"{stage} crashed: {first_line(e)}"
         result.serve_seconds = time.perf_counter() - t0
         result.steps = engine.steps
+        result.finished_by_reason = dict(log.finishes)
         if result.error is None:
             result.error = served_nothing(result.requests, result.rejected, result.steps)
-        result.dispatch = {str(b): n for b, n in sorted(log.counts().items())}
+        result.dispatch = {str(b): n for b, n in ordered(log.counts().items())}
         for c in checkers:
             try:
                 c.finish(engine)
@@ -228,3 +252,5 @@ def verify(
             except Exception as e:
                 crash.record("the control calls", e)
         return result
+    finally:
+        engine.close()

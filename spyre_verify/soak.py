@@ -16,12 +16,13 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import DispatchEvent, FinishEvent, RequestEvent, StepEvent
 from runtime.warmup import Seams
+from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.output import OutputEquivalence
@@ -29,6 +30,7 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
+from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
 from spyre_verify.session import always_on
 from spyre_verify.workload import Item, seeded_workload
@@ -69,7 +71,7 @@ class Tracker:
     def on_dispatch(self, ev: DispatchEvent) -> None:
         if ev.kernel == PREFILL:
             self.admitted[ev.batch.request_ids[0]] = ev.step
-        self.max_running = max(self.max_running, ev.batch.num_seqs)
+        self.max_running = max(self.max_running, len(ev.batch.request_ids))
 
     def on_step(self, ev: StepEvent) -> None:
         self.steps = ev.step + 1
@@ -77,6 +79,11 @@ class Tracker:
     def on_finish(self, ev: FinishEvent) -> None:
         self.finished[ev.request_id] = ev.step
         self.reasons[ev.reason] += 1
+
+    @property
+    def in_flight(self) -> set[str]:
+        """Admitted and not yet finished, as the events tell it."""
+        return set(self.admitted) - set(self.finished)
 
     @property
     def waited(self) -> int:
@@ -107,6 +114,8 @@ class SoakResult:
     reference_seconds: float = 0.0
     time_limit_hit: bool = False
     error: str | None = None
+    runtime: str = "bundled"
+    leak_audit: str | None = None  # why the leak audit did not run, when it did not
 
     @property
     def violations(self) -> list[Violation]:
@@ -143,7 +152,7 @@ class SoakResult:
             out.append(f"{len(self.mismatched)} of {len(self.sampled)} sampled requests differ from the reference")
         if not self.tracker.finished:
             out.append(f"verified nothing: no request finished ({self.submitted} submitted)")
-        if not self.sampled and self.options.sample:
+        if not self.sampled and self.options.sample and self.output.not_run is None:
             out.append("no request was compared with the reference")
         return out
 
@@ -160,7 +169,7 @@ def checkers_for(integrity_every: int) -> list[Checker]:
     return [*checked, OutputEquivalence(sample=0), RuntimeCrash()]
 
 
-def drive(engine: Engine, work: list[Item], result: SoakResult, deadline: float, progress: Progress | None) -> None:
+def drive(engine: Any, work: list[Item], result: SoakResult, deadline: float, progress: Progress | None) -> None:
     """Serve the arrivals through `serve_loop.serve` until done or out of time."""
     stats, started = ServeStats(), time.monotonic()
     next_note = started + PROGRESS_SECONDS
@@ -181,54 +190,69 @@ def drive(engine: Engine, work: list[Item], result: SoakResult, deadline: float,
         result.max_waiting = result.tracker.max_waiting
 
 
-def status_line(result: SoakResult, engine: Engine) -> str:
-    t, s = result.tracker, engine.scheduler
+def status_line(result: SoakResult, engine: Any) -> str:
+    t = result.tracker
     return (
         f"soak: {result.submitted}/{result.options.requests} submitted, {len(t.finished)} finished, "
-        f"step {engine.steps}, running {len(s.running)}, waiting {len(s.waiting)}, "
+        f"step {engine.steps}, running {len(t.in_flight)}, waiting {len(t.accepted) - len(t.admitted)}, "
         f"violations {len(result.violations)}"
     )
 
 
-def audit_blocks(engine: Engine, result: SoakResult) -> None:
-    """Blocks and reservations held by anyone not running are leaks."""
-    running = {r.request_id for r in engine.scheduler.running}
-    pool = engine.pool
-    result.usable_blocks, result.free_blocks = pool.usable, pool.num_free
-    result.leaked = {b: o for b, o in pool.allocated().items() if o not in running}
-    result.reserved_left = {o: n for o, n in pool.snapshot()[2] if o not in running}
+def audit_blocks(engine: Any, result: SoakResult) -> None:
+    """Blocks (and, on the bundled runtime, reservations) held by anyone not running are leaks.
+    Who runs is what the events said; who holds a block, what the runtime's `block_owners` says."""
+    running = result.tracker.in_flight
+    if isinstance(engine, BundledRuntime):  # its pool also shows reservations and the free count
+        pool = engine.pool
+        result.usable_blocks, result.free_blocks = pool.usable, pool.num_free
+        result.reserved_left = {o: n for o, n in pool.snapshot()[2] if o not in running}
+    if "kv_cache" in engine.capabilities:
+        result.leaked = {b: o for b, o in engine.block_owners().items() if o not in running}
+    else:
+        result.leak_audit = "not run: the runtime does not offer kv_cache (block_owners)"
 
 
-def compare_sample(engine: Engine, result: SoakResult, output: OutputEquivalence) -> None:
+def compare_sample(engine: Any, result: SoakResult, output: OutputEquivalence) -> None:
+    if output.not_run is not None:  # no reference to compare with: reported as not run
+        return
     done = sorted(result.tracker.finished, key=result.tracker.finished.__getitem__)
     rng = random.Random(result.options.seed)
     result.sampled = sorted(rng.sample(done, min(result.options.sample, len(done))), key=done.index)
     for rid in result.sampled:
-        if not output.compare(engine.model, output.requests[rid]):
+        if not output.compare(engine, output.requests[rid]):
             result.mismatched.append(rid)
 
 
 def soak(
-    config: RuntimeConfig, opts: SoakOptions, seams: Seams = Seams(), progress: Progress | None = None
+    config: RuntimeConfig,
+    opts: SoakOptions,
+    seams: Seams = Seams(),
+    progress: Progress | None = None,
+    runtime: str = BUNDLED_FACTORY,
 ) -> SoakResult:
+    """`runtime` is the factory to soak; for another runtime, `opts.fault` is one of its own."""
     checkers = checkers_for(opts.integrity_every)
     crash = next(c for c in checkers if isinstance(c, RuntimeCrash))
+    fault = None if runtime == BUNDLED_FACTORY else opts.fault
+    engine = open_runtime(runtime, settings_for(config, counting_wrapper(checkers), fault, seams))
     # Closing the engine puts back the Dynamo limits it set.
-    with Engine(config, seams, wrap_backend=counting_wrapper(checkers)) as engine:
-        result = SoakResult(config, opts, checkers, Tracker())
+    with contextlib.closing(engine):
+        result = SoakResult(config, opts, checkers, Tracker(), runtime=engine.name)
         engine.subscribe(result.tracker)
         for c in checkers:
-            c.attach(engine)
+            if not c.skip(engine.capabilities):
+                c.attach(engine)
         t0 = time.perf_counter()
         if progress:
-            progress(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend}")
+            progress(f"warmup: compiling {len(engine.warm_plan())} graphs with {config.backend}")
         engine.warmup()
         result.warmup_seconds = time.perf_counter() - t0
-        graph = next(c for c in checkers if isinstance(c, GraphReuse))
+        graph = next((c for c in checkers if isinstance(c, GraphReuse) and c.not_run is None), None)
         t0 = time.perf_counter()
         try:
-            with graph.guard():
-                drive(engine, arrivals(config, opts), result, time.monotonic() + opts.time_limit, progress)
+            with graph.guard() if graph is not None else contextlib.nullcontext():
+                drive(engine, arrivals(engine.config, opts), result, time.monotonic() + opts.time_limit, progress)
         except InvariantViolation as e:
             result.error = f"serving stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding with the batch it served
@@ -241,7 +265,7 @@ def soak(
         result.serve_seconds = time.perf_counter() - t0
         result.steps = engine.steps
         for c in checkers:
-            if c is not result.output:  # the output checker compares a seeded sample below instead
+            if c is not result.output and c.not_run is None:  # the output checker compares a sample below
                 with contextlib.suppress(InvariantViolation):
                     c.finish(engine)
         audit_blocks(engine, result)

@@ -14,7 +14,6 @@ from typing import Any
 
 from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
-from runtime.errors import RequestError
 from spyre_verify.oracle.walk import Action, reachable
 from spyre_verify.serve_loop import IDLE, MAX_STEPS, Servable, ServeStats, serve
 from spyre_verify.workload import Abort, Arrival, Item
@@ -114,8 +113,11 @@ def run_scenario(engine: Any, scenario: Scenario, max_steps: int) -> str | None:
     """
     try:
         seen = drive(engine, scenario.arrivals, max_steps)
-    except (PlanError, RequestError) as e:
-        engine.run_until_done(max_steps)
+    except (PlanError, ValueError) as e:  # ValueError: the protocol's refusal
+        for _ in range(max_steps):  # drain through the protocol's own calls
+            if not engine.has_work():
+                break
+            engine.step()
         return f"{scenario.target}: the walk's witness '{scenario.witness}' did not run: {type(e).__name__}: {e}"
     if scenario.target in seen:
         return None

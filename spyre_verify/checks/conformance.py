@@ -34,6 +34,7 @@ from spyre_verify.oracle.model import ContractModel
 
 class ContractConformance(Checker):
     name = "contract-conformance"
+    needs = frozenset({"design_contract"})
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -51,6 +52,7 @@ class ContractConformance(Checker):
     def attach(self, engine: Any) -> None:
         self.model = ContractModel(engine.config)
         self.vocab = engine.config.model.vocab_size
+        self.tokens = frozenset(range(self.vocab))
         self.eos = engine.config.model.eos_token_id
         self.stops: dict[str, frozenset[int]] = {}  # each request's stop tokens, EOS included unless ignored
         self.max_tokens: dict[str, int] = {}
@@ -61,8 +63,14 @@ class ContractConformance(Checker):
         """Why DESIGN says `add_request` must refuse this request; None when it must accept."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
             return f"max_tokens={max_tokens!r} is not an integer"
-        bad = next(
-            (t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab), None
+        # At C speed when every token is a plain int in the vocabulary (serving pays for this); else one by one.
+        plain = list(map(type, prompt)).count(int) == len(prompt) and self.tokens.issuperset(prompt)
+        bad = (
+            None
+            if plain
+            else next(
+                (t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab), None
+            )
         )
         if bad is not None:
             return f"prompt token {bad!r} is not in the vocabulary [0, {self.vocab})"

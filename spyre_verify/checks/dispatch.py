@@ -3,11 +3,11 @@ asked) every bucket the oracle's walk reaches was served at least once."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from runtime.bucketer import Bucket
-from runtime.events import SERVING, DispatchEvent
+from runtime.events import SERVING, CompileEvent, DispatchEvent
+from spyre_verify.checks.describe import describe_batch, key_fields, ordered
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.walk import reachable
 
@@ -27,17 +27,14 @@ def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
     if not any(b.kernel == bucket.kernel for b in warm):
         return f"no {bucket.kernel} bucket was warmed at all"
     parts = []
-    for f in fields(bucket.key):
-        value = getattr(bucket.key, f.name)
+    mine = key_fields(bucket)
+    for name, value in mine.items():
         if isinstance(value, bool):
             continue
-        rest = {g.name: getattr(bucket.key, g.name) for g in fields(bucket.key) if g.name != f.name}
-        same = sorted(
-            getattr(b.key, f.name)
-            for b in warm
-            if b.kernel == bucket.kernel and all(getattr(b.key, n) == v for n, v in rest.items())
-        )
-        parts.append(f"{f.name}: {_around(value, same)}")
+        rest = {n: v for n, v in mine.items() if n != name}
+        keys = [key_fields(b) for b in warm if b.kernel == bucket.kernel]
+        same = sorted(k[name] for k in keys if all(k.get(n) == v for n, v in rest.items()))
+        parts.append(f"{name}: {_around(value, same)}")
     return "; ".join(parts) or "no warmed bucket of this kernel"
 
 
@@ -50,29 +47,38 @@ class DispatchCoverage(Checker):
         self.coverage: dict[str, Any] = {}
 
     def attach(self, engine: Any) -> None:
-        self.recorder = engine.recorder
+        # Warmup's set is what the backend saw compile before serving, not what the runtime planned.
+        self.warm: set[Bucket] = set()
         self.dispatches: dict[Bucket, int] = {}
         self.served: set[Bucket] = set()
         super().attach(engine)
+
+    def on_compile(self, ev: CompileEvent) -> None:
+        if ev.phase != SERVING:
+            self.warm.add(ev.bucket)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self.dispatches[ev.bucket] = self.dispatches.get(ev.bucket, 0) + 1
         if ev.phase != SERVING:
             return
         self.served.add(ev.bucket)
-        warm = self.recorder.warm_set
-        if ev.bucket not in warm:
+        if ev.bucket not in self.warm:
+            batch = describe_batch(ev.batch)
             self.flag(
                 "cold-dispatch",
-                f"step {ev.step} dispatched {ev.bucket}, which warmup never compiled; batch: {ev.batch.describe()}; "
-                f"nearest warmed: {nearest_warm(ev.bucket, warm)}",
+                f"step {ev.step} dispatched {ev.bucket}, which warmup never compiled; batch: {batch}; "
+                f"nearest warmed: {nearest_warm(ev.bucket, frozenset(self.warm))}",
                 kernel=ev.kernel,
                 bucket=str(ev.bucket),
-                batch=ev.batch.describe(),
+                batch=batch,
             )
 
     def finish(self, engine: Any) -> None:
         """Served (dispatched while serving) against the oracle's reachable set."""
+        if "design_contract" not in getattr(engine, "capabilities", ()):
+            # The reachable-set oracle is DESIGN's: another runtime's reachable set is its own.
+            self.coverage = {"served": len(self.served), "not_run": "reachable coverage needs design_contract"}
+            return
         reach = reachable(engine.config)
         uncovered = sorted(reach.buckets - self.served)
         self.coverage = {
@@ -81,7 +87,7 @@ class DispatchCoverage(Checker):
             "method": reach.method,
             "uncovered": [str(b) for b in uncovered],
             # Served but never reached by the walk: cold-dispatch and warmup-exactness judge these.
-            "outside_reachable": [str(b) for b in sorted(self.served - reach.buckets)],
+            "outside_reachable": [str(b) for b in ordered(self.served - reach.buckets)],
         }
         if not self.require_coverage:
             return

@@ -20,6 +20,7 @@ from spyre_verify.oracle.walk import STATE_BUDGET, reachable
 
 class WarmupExactness(Checker):
     name = "warmup-exactness"
+    needs = frozenset({"design_contract"})
 
     def __init__(self, strict: bool = False, budget: int = STATE_BUDGET) -> None:
         super().__init__(strict)

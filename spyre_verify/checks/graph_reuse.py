@@ -27,8 +27,9 @@ import torch
 from runtime.bucketer import Bucket
 from runtime.compiler import BackendWrapper
 from runtime.events import SERVING, CompileEvent, DispatchEvent
-from spyre_verify.checks.control_calls import Control, control_calls, control_scope, in_control
+from spyre_verify.checks.control_calls import Control, control_scope, in_control
 from spyre_verify.checks.counting import CountingBackend, compare
+from spyre_verify.checks.describe import describe_batch, ordered
 from spyre_verify.checks.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
@@ -63,6 +64,7 @@ class ControlResult:
 
 class GraphReuse(Checker):
     name = "graph-reuse"
+    needs = frozenset({"control_calls", "compile_accounting"})
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -95,13 +97,13 @@ class GraphReuse(Checker):
     def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
         calls: Counter[Bucket] = Counter()
         served: Counter[tuple[Bucket, Bucket]] = Counter()
-        for runner in self.engine.attention.runners.values():
+        for runner in self.engine.kernel_accounts().values():
             calls.update(runner.calls)
             served.update(runner.served)
         return calls, served
 
     def _flag_foreign(self, served: Counter[tuple[Bucket, Bucket]]) -> None:
-        for bucket, graph in sorted(served):
+        for bucket, graph in ordered(served):
             if graph != bucket and (bucket, graph) not in self._foreign:
                 self._foreign.add((bucket, graph))
                 self.flag(
@@ -141,7 +143,9 @@ class GraphReuse(Checker):
                 raise
             self.refused += 1
             last = self._last_dispatch
-            where = f"{last.bucket} (step {last.step}, batch: {last.batch.describe()})" if last else "unknown bucket"
+            where = (
+                f"{last.bucket} (step {last.step}, batch: {describe_batch(last.batch)})" if last else "unknown bucket"
+            )
             first = str(e).splitlines()[0]
             try:
                 self.flag(
@@ -160,11 +164,11 @@ class GraphReuse(Checker):
         The graph warmup compiled for the bucket must serve the call. This catches a
         layout or a dynamic graph that the workload might never reach.
         """
-        for bucket in self.engine.recorder.plan():
+        for bucket in self.engine.warm_plan():
             _, before = self._counters()
             try:
                 with serving_stance():
-                    self.engine.attention.call(bucket, self.engine.attention.args_for(bucket))
+                    self.engine.preflight_call(bucket)
             except RuntimeError as e:
                 if not is_stance_error(e):
                     raise
@@ -196,7 +200,7 @@ class GraphReuse(Checker):
         through the harness's counting backend. Either side missing it means this
         checker (or the harness's wiring of it) cannot be trusted.
         """
-        planned = control_calls(self.engine)
+        planned = list(self.engine.controls())
         with control_scope():
             results = [self._run_control(control) for control in planned]
         self.controls.extend(results)
@@ -230,7 +234,7 @@ class GraphReuse(Checker):
 
     def cross_check(self) -> None:
         """Per kernel, the runner's compiles and graph hits against the counting backend's."""
-        for counts in compare(self.engine.attention.runners, self.counter):
+        for counts in compare(self.engine.kernel_accounts(), self.counter):
             for what, message in counts.disagreements():
                 self._mismatch(counts.kernel, what, message)
 
@@ -247,7 +251,7 @@ class GraphReuse(Checker):
             for (bucket, _), n in served.items():
                 self.hits[bucket] += n
             self._flag_foreign(served)
-        for bucket, n in sorted(self.graphs.items()):
+        for bucket, n in ordered(self.graphs.items()):
             if n > 1:
                 self.flag(
                     "graphs-per-bucket",
@@ -255,7 +259,7 @@ class GraphReuse(Checker):
                     kernel=bucket.kernel,
                     bucket=str(bucket),
                 )
-        for bucket in sorted(self.calls):
+        for bucket in ordered(self.calls):
             n_calls, n_hits = self.calls[bucket], self.hits[bucket]
             if n_calls != n_hits:
                 self.flag(
@@ -269,15 +273,15 @@ class GraphReuse(Checker):
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
-        return {c.kernel: c.as_dict() for c in compare(self.engine.attention.runners, self.counter)}
+        return {c.kernel: c.as_dict() for c in compare(self.engine.kernel_accounts(), self.counter)}
 
     def summary(self) -> dict[str, Any]:
         return {
             **super().summary(),
             # Compiles the backend saw plus those the stance refused before they happened.
             "compiles_after_warmup": len(self.serving_compiles) + self.refused,
-            "hits": {str(b): n for b, n in sorted(self.hits.items())},
-            "calls": {str(b): n for b, n in sorted(self.calls.items())},
+            "hits": {str(b): n for b, n in ordered(self.hits.items())},
+            "calls": {str(b): n for b, n in ordered(self.calls.items())},
             "counts": self.counts(),
             "controls": [
                 {

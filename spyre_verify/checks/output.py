@@ -27,11 +27,12 @@ import torch
 
 from runtime.events import DispatchEvent, FinishEvent, RequestEvent
 from spyre_verify.checks.violations import Checker
-from spyre_verify.oracle.reference import ReferenceRun, generate
+from spyre_verify.oracle.reference import ReferenceRun
 
 
 class OutputEquivalence(Checker):
     name = "output-equivalence"
+    needs = frozenset({"reference"})
 
     def __init__(self, strict: bool = False, atol: float = 1e-3, sample: int | None = None) -> None:
         super().__init__(strict)
@@ -73,34 +74,34 @@ class OutputEquivalence(Checker):
     def finish(self, engine: Any) -> None:
         for rid, req in self.requests.items():
             if rid not in self.finished:
-                self.flag_unfinished(engine.model, req)
+                self.flag_unfinished(engine, req)
             elif self.chosen(rid):
-                self.compare(engine.model, req)
+                self.compare(engine, req)
 
-    def flag_unfinished(self, model: Any, req: RequestEvent) -> None:
+    def flag_unfinished(self, runtime: Any, req: RequestEvent) -> None:
         self.unfinished += 1
         got = len(self.tokens[req.request_id])
         # The reference runs only for sampled requests: outside the sample, name max_tokens.
         want = (
-            f"the reference's {len(reference(model, req).tokens)}"
+            f"the reference's {len(reference(runtime, req).tokens)}"
             if self.chosen(req.request_id)
             else f"max_tokens={req.max_tokens} (outside the sample, reference not run)"
         )
         self.flag("unfinished", f"{req.request_id} never finished: the engine produced {got} tokens of {want}")
 
-    def compare(self, model: Any, req: RequestEvent) -> bool:
+    def compare(self, runtime: Any, req: RequestEvent) -> bool:
         """The engine's whole output for `req` against the reference's; True when they agree."""
         self.compared += 1
         got = self.tokens[req.request_id]
         reason = self.finished.get(req.request_id)
         # An aborted request: the reference up to its length (greedy runs share prefixes), so
         # a longer reference shows it ran past the reference's end.
-        ref = reference(model, req, len(got) if reason == "abort" else None)
+        ref = reference(runtime, req, len(got) if reason == "abort" else None)
         kept = self.logits.get(req.request_id)
         for i, ((token, step), want) in enumerate(zip(got, ref.tokens, strict=False)):
             bucket = self.step_bucket.get(step, "?")
             diff = None
-            if kept is not None:
+            if kept is not None and i < len(ref.logits):
                 diff = float((kept[i].double() - ref.logits[i].double()).abs().max())
                 self.max_logit_diff = max(self.max_logit_diff, diff)
             if token != want:
@@ -152,7 +153,8 @@ class OutputEquivalence(Checker):
         }
 
 
-def reference(model: Any, req: RequestEvent, max_tokens: int | None = None) -> ReferenceRun:
-    """The reference run of `req` with its own stop fields, up to `max_tokens` (default its own)."""
+def reference(runtime: Any, req: RequestEvent, max_tokens: int | None = None) -> ReferenceRun:
+    """The runtime's reference run of `req` (the protocol's `reference`) with its own stop fields,
+    up to `max_tokens` (default its own)."""
     mt = req.max_tokens if max_tokens is None else max_tokens
-    return generate(model, list(req.prompt), mt, req.stop_token_ids, req.ignore_eos)
+    return runtime.reference(list(req.prompt), mt, req.stop_token_ids, req.ignore_eos)

@@ -34,10 +34,21 @@ class Checker:
     """Base of every checker: subscribe to an engine, flag violations, finish at the end."""
 
     name = "checker"
+    # The protocol capabilities (`spyre_verify.protocol.CAPABILITIES`) this checker needs; on a
+    # runtime without one of them it is not run, and says so.
+    needs: frozenset[str] = frozenset()
 
     def __init__(self, strict: bool = False) -> None:
         self.strict = strict
         self.violations: list[Violation] = []
+        self.not_run: str | None = None  # why it did not run, when it did not
+
+    def skip(self, capabilities: frozenset[str]) -> bool:
+        """Mark this checker not run when `capabilities` lack what it needs; True when it is skipped."""
+        lacking = sorted(self.needs - capabilities)
+        if lacking:
+            self.not_run = f"the runtime does not offer {', '.join(lacking)}"
+        return bool(lacking)
 
     def flag(self, kind: str, message: str, **where: Any) -> None:
         v = Violation(self.name, kind, message, **where)
@@ -56,9 +67,10 @@ class Checker:
     def ok(self) -> bool:
         return not self.violations
 
+    @property
+    def status(self) -> str:
+        return "not run" if self.not_run else "pass" if self.ok else "fail"
+
     def summary(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": "pass" if self.ok else "fail",
-            "violations": [v.to_dict() for v in self.violations],
-        }
+        out = {"name": self.name, "status": self.status, "violations": [v.to_dict() for v in self.violations]}
+        return {**out, "not_run": self.not_run} if self.not_run else out

@@ -24,6 +24,7 @@ def step_volume(num_seqs: int, tkv: int) -> int:
 
 class VolumeLimit(Checker):
     name = "volume-limit"
+    needs = frozenset({"design_contract"})
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)

@@ -16,8 +16,9 @@ from spyre_verify import faults
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.check_report import markdown, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.controls import KillRow, kill_table, run_fault
+from spyre_verify.controls import KillRow, fault_catalog, kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import (
     DEFAULT_DIR,
@@ -28,6 +29,7 @@ from spyre_verify.report import (
     write_atomic,
     write_json,
 )
+from spyre_verify.runtimes import probe
 from spyre_verify.session import RunResult, verify
 from spyre_verify.workload import seeded_workload
 
@@ -41,10 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed(), default=0, help="seed of the workload")
     p.add_argument(
         "--fault",
-        choices=faults.CATALOG,
         metavar="FAULT",
         default=faults.from_env(),
-        help=f"run under a seeded fault instead ({faults.FAULT_ENV}): %(choices)s",
+        help=f"run under one of the runtime's seeded faults instead ({faults.FAULT_ENV}); bundled: "
+        f"{', '.join(faults.CATALOG)}",
     )
     p.add_argument("--no-controls", action="store_true", help="skip the fault catalog")
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
@@ -60,37 +62,46 @@ class Done:
     result: RunResult | None = None
     per_seq: RunResult | None = None
     rows: list[KillRow] = field(default_factory=list)
+    per_seq_not_run: str | None = None
 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    if args.fault is not None:
-        faults.get(args.fault)  # SPYRE_VERIFY_FAULT, which argparse does not check
+    rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
+    catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
+    if args.fault is not None and args.fault not in catalog:  # also SPYRE_VERIFY_FAULT, which argparse does not check
+        raise UsageError(f"unknown fault {args.fault!r}; choose one of: {', '.join(catalog) or '(none)'}")
     single_thread()
-    work = seeded_workload(config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
+    work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     name = f"check-{args.fault}" if args.fault else "check"
     done = Done()
     try:
         if args.fault:
-            say(f"running under fault {args.fault}: {faults.get(args.fault).description}")
-            done.result = run_fault(config, args.fault, work, progress=say)
+            about = faults.get(args.fault).description if rt.bundled else f"caught by {catalog[args.fault]}"
+            say(f"running under fault {args.fault}: {about}")
+            done.result = run_fault(config, args.fault, work, progress=say, runtime=rt.target)
         else:
-            done.result = verify(config, workload=work, progress=say)
-            if config.batched_decode:
+            done.result = verify(config, workload=work, progress=say, runtime=rt.target)
+            if "per_sequence_decode" not in rt.capabilities:
+                done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
+                say(f"per-sequence pass not run: {done.per_seq_not_run}")
+            elif config.batched_decode:
                 # With batched decode on, the per-sequence kernel only ever serves one row.
                 done.stage = "the per-sequence pass"
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
                 no_batched = config.with_(batched_decode=False)
                 done.per_seq = verify(no_batched, workload=work, controls=False, progress=say)
-            if not args.no_controls:
-                say(f"fault catalog: {len(faults.CATALOG)} faults, each in a fresh compile state")
+            if not args.no_controls and catalog:
+                say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 done.stage = "the fault catalog"
-                kill_table(config, work, progress=say, rows=done.rows)
+                kill_table(config, work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
     except KeyboardInterrupt:
         path = write_partial(args.out, name, config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
     assert done.result is not None  # every path above sets it or raised
     p = payload(done.result, None if args.no_controls or args.fault else done.rows, done.per_seq)
+    if done.per_seq_not_run:
+        p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
@@ -107,8 +118,10 @@ def verdict_line(p: dict[str, Any]) -> str:
     parts = [
         f"{sum(len(c['violations']) for c in p['checks'])} violations"
         + (f" ({', '.join(failing)})" if failing else ""),
-        f"served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets",
-        f"tokens match the reference: {'yes' if p['tokens_match_reference'] else 'NO'}",
+        f"served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets"
+        if "not_run" not in cov
+        else f"served {cov.get('served', 0)} buckets (no reachable set: {cov['not_run']})",
+        f"tokens match the reference: {'not run' if p['tokens_match_reference'] is None else 'yes' if p['tokens_match_reference'] else 'NO'}",
     ]
     if p["controls"] is not None:
         parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught")

@@ -5,14 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.scheduler import FINISH_REASONS
+from spyre_verify.checks.violations import Checker
 from spyre_verify.controls import KillRow
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 from spyre_verify.session import RunResult
 
 
+def summary_of(c: Checker) -> dict[str, Any]:
+    """A checker's report entry; one that did not run has only the base entry, saying why."""
+    return c.summary() if c.not_run is None else Checker.summary(c)
+
+
 def pass_summary(r: RunResult) -> dict[str, Any]:
     """A second serving pass, in brief: its verdict, violations and what it served."""
-    coverage = r.checker("dispatch-coverage").summary().get("coverage", {})
+    coverage = summary_of(r.checker("dispatch-coverage")).get("coverage", {})
     return {
         "verdict": "pass" if r.ok else "fail",
         "env_overrides": r.config.env_overrides(),
@@ -25,8 +31,8 @@ def pass_summary(r: RunResult) -> dict[str, Any]:
 
 
 def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | None = None) -> dict[str, Any]:
-    graph = result.checker("graph-reuse").summary()
-    coverage = result.checker("dispatch-coverage").summary().get("coverage", {})
+    graph = summary_of(result.checker("graph-reuse"))
+    coverage = summary_of(result.checker("dispatch-coverage")).get("coverage", {})
     output = result.checker("output-equivalence")
     verdict_ok = result.ok and (rows is None or all(r.caught for r in rows)) and (per_seq is None or per_seq.ok)
     return {
@@ -34,6 +40,7 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
         "kind": "check",
         "verdict": "pass" if verdict_ok else "fail",
         "fault": result.fault,
+        "runtime": result.runtime,
         "config": config_payload(result.config),
         "environment": environment(result.config.device, result.config.backend),
         "warmup": {"graphs": result.warmup_graphs, "seconds": round(result.warmup_seconds, 3)},
@@ -43,14 +50,14 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
             "steps": result.steps,
             "serve_seconds": round(result.serve_seconds, 3),
             # every finish by reason, as the engine reported it (length, stop, abort)
-            "finished_by_reason": {why: result.checker("contract-conformance").reasons[why] for why in FINISH_REASONS},
+            "finished_by_reason": {why: result.finished_by_reason.get(why, 0) for why in FINISH_REASONS},
         },
         "dispatch": result.dispatch,
         "coverage": {**coverage, "scenarios": result.scenarios, "misses": result.coverage_problems},
-        "compiles_after_warmup": graph["compiles_after_warmup"],
-        "tokens_match_reference": output.tokens_match,
-        "checks": [c.summary() for c in result.checkers],
-        "control_calls": graph["controls"],
+        "compiles_after_warmup": graph.get("compiles_after_warmup"),
+        "tokens_match_reference": output.tokens_match if output.not_run is None else None,
+        "checks": [summary_of(c) for c in result.checkers],
+        "control_calls": graph.get("controls", []),
         "controls": [r.to_dict() for r in rows] if rows is not None else None,
         "per_sequence_pass": pass_summary(per_seq) if per_seq is not None else None,
         "error": result.error,
@@ -62,6 +69,15 @@ def reasons(by: dict[str, int]) -> str:
     return ", ".join(f"{n} {why}" for why, n in by.items()) or "none"
 
 
+def coverage_line(cov: dict[str, Any]) -> str:
+    if "not_run" in cov:  # a runtime without DESIGN's contract has no reachable set of ours to cover
+        return f"Coverage: served {cov.get('served', 0)} buckets; {cov['not_run']}."
+    return (
+        f"Coverage: served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets "
+        f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload)."
+    )
+
+
 def markdown(p: dict[str, Any]) -> str:
     lines = md_title("check", p["verdict"], p["fault"])
     c, w, cov = p["config"], p["warmup"], p["coverage"]
@@ -70,8 +86,7 @@ def markdown(p: dict[str, Any]) -> str:
         f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}",
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
         f"Tokens match reference: {p['tokens_match_reference']}.",
-        f"Coverage: served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets "
-        f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload).",
+        coverage_line(cov),
         f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}.",
         "",
     ]
@@ -80,11 +95,11 @@ def markdown(p: dict[str, Any]) -> str:
             ch["name"],
             ch["status"],
             str(len(ch["violations"])),
-            ch["violations"][0]["message"] if ch["violations"] else "",
+            ch["violations"][0]["message"] if ch["violations"] else ch.get("not_run", ""),
         ]
         for ch in p["checks"]
     ]
-    lines += ["## Checks", "", table(rows, ["check", "status", "violations", "first violation"]), ""]
+    lines += ["## Checks", "", table(rows, ["check", "status", "violations", "first violation (or why not run)"]), ""]
     if p["control_calls"]:
         rows = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["control_calls"]]
         lines += ["## Control calls", "", table(rows, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
@@ -96,7 +111,9 @@ def markdown(p: dict[str, Any]) -> str:
         lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
     rows = [[b, str(n)] for b, n in p["dispatch"].items()]
     lines += ["## Dispatch", "", table(rows, ["bucket", "dispatches"]), ""]
-    if p["per_sequence_pass"]:
+    if p["per_sequence_pass"] and "not_run" in p["per_sequence_pass"]:
+        lines += [f"Per-sequence pass: not run, {p['per_sequence_pass']['not_run']}", ""]
+    elif p["per_sequence_pass"]:
         q = p["per_sequence_pass"]
         first = f"; first violation: {q['violations'][0]['message']}" if q["violations"] else ""
         lines += [

@@ -47,6 +47,13 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
         "(default: max_model_len * max_num_seqs, never binding)",
     )
     g.add_argument(
+        "--runtime",
+        metavar="MODULE:FACTORY",
+        default=None,
+        help="the runtime to verify: module:factory, or a name `spyre-verify runtimes` lists; SPYRE_VERIFY_RUNTIME "
+        "sets it too (default: bundled)",
+    )
+    g.add_argument(
         "--backend",
         choices=BACKENDS,
         default=backend,

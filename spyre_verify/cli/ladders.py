@@ -7,6 +7,7 @@ import json
 
 from runtime.bucketer import KERNELS, SpyreAttnBucketer
 from spyre_verify.cli.config import add_config_flags, config_from_args
+from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, resolve_name, settings_for
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +41,35 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
     }
 
 
+def foreign(target: str, config: object, as_json: bool) -> int:
+    """Another runtime's ladders and warm plan, as its protocol reports them (it prunes by its own rules)."""
+    rt = open_runtime(target, settings_for(config))
+    try:
+        plan = list(rt.warm_plan())
+        kernels = sorted({b.kernel for b in plan})
+        payload = {
+            "schema_version": 1,
+            "runtime": rt.name,
+            "ladders": {k: list(v) for k, v in rt.ladders().items()},
+            "warm_plan": {k: [str(b) for b in plan if b.kernel == k] for k in kernels},
+        }
+    finally:
+        rt.close()
+    if as_json:
+        print(json.dumps(payload))
+        return 0
+    print(f"runtime: {payload['runtime']} ({target})")
+    for name, ladder in payload["ladders"].items():
+        print(f"{name:>15}: {ladder}")
+    for k, buckets in payload["warm_plan"].items():
+        print(f"{k:>15}: {len(buckets)} buckets  {' '.join(b.replace(' ', '') for b in buckets)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    target = resolve_name(args.runtime)
+    if target != BUNDLED_FACTORY:
+        return foreign(target, config_from_args(args), args.json)
     b = SpyreAttnBucketer(config_from_args(args))
     payload = ladders_payload(b)
     if args.json:

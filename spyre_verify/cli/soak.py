@@ -22,9 +22,11 @@ from runtime.warmup import Seams
 from spyre_verify import faults
 from spyre_verify.checks.violations import Violation
 from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
+from spyre_verify.cli.check_report import summary_of
 from spyre_verify.cli.config import add_config_flags, config_from_args
+from spyre_verify.controls import fault_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
-from spyre_verify.errors import Interrupted
+from spyre_verify.errors import Interrupted, UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import (
     DEFAULT_DIR,
@@ -36,6 +38,7 @@ from spyre_verify.report import (
     write_atomic,
     write_json,
 )
+from spyre_verify.runtimes import probe
 from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
 
 FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
@@ -58,7 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this 
     p.add_argument(
         "--time-limit", type=Seconds("--time-limit"), default=d.time_limit, help="seconds of serving, then it stops"
     )
-    p.add_argument("--fault", choices=faults.CATALOG, metavar="FAULT", help="run under a seeded fault: %(choices)s")
+    p.add_argument(
+        "--fault",
+        metavar="FAULT",
+        help=f"run under one of the runtime's seeded faults; bundled: {', '.join(faults.CATALOG)}",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
@@ -66,16 +73,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this 
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     opts = SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
     seams = Seams()
-    if opts.fault:
+    if opts.fault and rt.bundled:
         config, seams = faults.get(opts.fault).apply(config)
         say(f"running under fault {opts.fault}: {faults.get(opts.fault).description}")
+    elif opts.fault:
+        catalog = fault_catalog(rt)
+        if opts.fault not in catalog:
+            raise UsageError(
+                f"--fault={opts.fault!r}: not a fault of the {rt.name} runtime; choose one of: {', '.join(catalog)}"
+            )
+        say(f"running the {rt.name} runtime under its fault {opts.fault}: {catalog[opts.fault]} must catch it")
     single_thread()
     name = f"soak-{opts.fault}" if opts.fault else "soak"
     try:
-        with faults.active(opts.fault):  # a fault patched into the runtime's code holds for the whole soak
-            result = soak(config, opts, seams, progress=say)
+        with faults.active(
+            opts.fault if rt.bundled else None
+        ):  # a bundled fault patched into its code holds throughout
+            result = soak(config, opts, seams, progress=say, runtime=rt.target)
     except KeyboardInterrupt as e:  # during serving the soak hands back its counts so far; before it, nothing
         partial = e.partial if isinstance(e, Interrupted) and isinstance(e.partial, SoakResult) else None
         path = write_partial(args.out / name, config, opts, partial)
@@ -115,6 +132,9 @@ def payload(r: SoakResult) -> dict[str, Any]:
         "interrupted": False,
         "reasons": r.reasons(),
         "fault": o.fault,
+        "runtime": r.runtime,
+        "leak_audit_not_run": r.leak_audit,
+        "checks": [summary_of(ch) for ch in r.checkers],
         "config": {**config, "env_overrides": c.env_overrides()},
         "environment": environment(c.device, c.backend),
         "options": {**dataclasses.asdict(o), "arrival_spread": SPREAD},

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import SERVING
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
 
 # Six buckets (decode 1, 2; batched (2, 1) and (2, 2); prefill 4, 8) at ~5 s a graph.

@@ -15,10 +15,10 @@ import torch
 
 from runtime.bucketer import BATCHED, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from spyre_verify import faults
 from spyre_verify.audit.report import markdown, payload
 from spyre_verify.audit.run import run_audit
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.cli.audit import pick_device
 from spyre_verify.cli.main import main
 from spyre_verify.traffic import Scenario, coverage_scenarios

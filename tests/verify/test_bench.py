@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from spyre_verify.bench.figures import Figure, closing
 from spyre_verify.bench.sched import plans, prefill_waste
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
 from spyre_verify.session import DispatchLog

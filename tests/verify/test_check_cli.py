@@ -49,7 +49,9 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str
         for name in ENV_VARS:
             mp.delenv(name, raising=False)
         mp.setattr(
-            cmd_check, "kill_table", lambda c, w, progress=None, rows=None: kill_table(c, w, CONTROLS, progress, rows)
+            cmd_check,
+            "kill_table",
+            lambda c, w, progress=None, rows=None, **kw: kill_table(c, w, CONTROLS, progress, rows),
         )
         code = main(["check", "--out", str(out_dir), "--json"])
     return code, json.loads(out.getvalue()), err.getvalue(), out_dir
@@ -146,7 +148,7 @@ def test_no_controls_passes_and_skips_the_catalog(tmp_path: Path, capsys: pytest
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--fault", "nope"], "invalid choice: 'nope'"),
+        (["--fault", "nope"], "unknown fault 'nope'"),
         (["--requests", "0"], "--requests=0"),
         (["--block-size", "x"], "--block-size"),
     ],

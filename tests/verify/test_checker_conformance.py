@@ -10,10 +10,10 @@ import pytest
 
 from runtime.block_pool import BlockPool
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.errors import RequestError
 from runtime.events import StateEvent
 from runtime.scheduler import Scheduler
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.workload import Arrival, seeded_workload
 

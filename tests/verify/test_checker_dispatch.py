@@ -11,8 +11,8 @@ import pytest
 
 from runtime.bucketer import BATCHED, DECODE, BatchedKey, Bucket, DecodeKey
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
-from runtime.events import SERVING, WARMUP, BatchInfo, DispatchEvent
+from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.dispatch import DispatchCoverage, nearest_warm
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
@@ -27,7 +27,9 @@ BATCH = BatchInfo(("req-3",), (10,), (1,), 10)
 
 def attached(warm: set[Bucket], strict: bool = False) -> DispatchCoverage:
     checker = DispatchCoverage(strict)
-    checker.attach(SimpleNamespace(recorder=SimpleNamespace(warm_set=frozenset(warm)), subscribe=lambda obs: None))
+    checker.attach(SimpleNamespace(subscribe=lambda obs: None))
+    for b in warm:  # warmup's set is what the compile events said it compiled
+        checker.on_compile(CompileEvent(b.kernel, b, WARMUP, 0.0, 0))
     return checker
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.scheduler import Scheduler
 from spyre_verify import serve_loop
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.faults import CATALOG

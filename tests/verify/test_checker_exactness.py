@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import WARMUP, CompileEvent
 from runtime.warmup import Seams, warm_plan
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.faults import CATALOG, dropped_bucket
 

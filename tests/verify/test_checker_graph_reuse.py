@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-import spyre_verify.checks.graph_reuse as graph_reuse
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, DecodeKey, PrefillKey
 from runtime.compiler import KernelRunner
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
 from runtime.warmup import Seams
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.control_calls import Control, control_scope, decode_control, prefill_md, stride_control
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.violations import InvariantViolation
@@ -79,7 +78,7 @@ def test_control_that_reuses_a_warm_graph_reports_the_checker_broken(monkeypatch
     warm = Bucket(PREFILL, PrefillKey(4))
     qkv = torch.zeros_like(engine.attention.staging.prefill_q[:4])
     exact = Control("exact-reuse", warm, lambda: engine.attention.prefill(0, prefill_md(engine, 4), qkv, qkv, qkv))
-    monkeypatch.setattr(graph_reuse, "control_calls", lambda e: [exact])
+    monkeypatch.setattr(engine, "controls", lambda: [exact])
     [result] = checker.run_controls()
     assert not result.detected and not result.seen_by_backend and not result.seen_by_stance
     [v] = checker.violations

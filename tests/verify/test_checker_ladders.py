@@ -10,9 +10,9 @@ import pytest
 
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import SERVING, WARMUP, CompileEvent
 from runtime.metadata import MetadataBuilder
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.ladders import LadderAgreement, probe_builder, probe_shapes, warm_disagreements
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine, TokenEvent
+from runtime.engine import TokenEvent
 from runtime.scheduler import Request
 from runtime.warmup import Seams
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.faults import CATALOG
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import SERVING, BatchInfo, DispatchEvent
 from spyre_verify import serve_loop
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.faults import CATALOG

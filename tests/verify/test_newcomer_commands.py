@@ -32,7 +32,7 @@ spyre-verify check --seed -1  # --seed=-1: must be an integer from 0 to 42949672
 spyre-verify hunt --seed x  # spyre-verify hunt: error: --seed=x: must be an integer
 spyre-verify hunt --property nope  # spyre-verify hunt: error: argument --property: invalid choice: 'nope'
 spyre-verify check --backend bogus  # argument --backend: invalid choice: 'bogus'
-spyre-verify soak --fault bogus  # argument --fault: invalid choice: 'bogus'
+spyre-verify soak --fault bogus  # unknown fault 'bogus'; choose one of:
 spyre-verify ladders --blocksize 64  # spyre-verify ladders: error: unrecognized arguments: --blocksize 64
 spyre-verify check --block-size 4096 --max-model-len 2048  # block_size=4096: must be below max_model_len=2048
 spyre-verify check --block-size 4 --max-model-len 4 --max-num-seqs 1 --no-controls  # no request could ever fit

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import DispatchEvent, StepEvent
 from spyre_verify import profiles
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.oracle.reference import generate
 

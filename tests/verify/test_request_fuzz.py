@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.errors import RequestError
 from spyre_verify import profiles
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")

@@ -65,7 +65,7 @@ def test_time_limit_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[
         (["--sample", "-1"], "--sample=-1"),
         (["--integrity-every", "0"], "--integrity-every=0"),
         (["--time-limit", "nan"], "--time-limit=nan"),
-        (["--fault", "no-such-fault"], "invalid choice: 'no-such-fault'"),
+        (["--fault", "no-such-fault"], "unknown fault 'no-such-fault'"),
         (["--requests", "many"], "--requests"),
         (["--block-size", "3"], "block_size=3"),
     ],

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from runtime.bucketer import BATCHED, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.walk import Action, reachable
 from spyre_verify.sim import Sim
 from spyre_verify.traffic import PlanError, Scenario, arrivals, coverage_scenarios, drive, run_scenario, step_limit

@@ -1,0 +1,237 @@
+"""The runtime protocol: exactly what a runtime offers so that spyre-verify can check it.
+
+A runtime is named by a factory, `module:attr`, called with the harness's `Settings`. What
+it returns must satisfy `Runtime` (the core every checker relies on) and may offer optional
+capabilities, each listed by name in `runtime.capabilities` and each a Protocol below. A
+checker names the capabilities it needs (`Checker.needs`); one whose capability is absent
+is reported as *not run*, never as passing. Everything here is structural: a runtime never
+imports spyre_verify, it only offers the attributes named here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+# The kinds of event a runtime emits to observers (`on_<kind>` methods), and when.
+EVENTS = {
+    "dispatch": "before a step's kernels run: kernel, bucket, batch (request_ids, seq_lens), phase, step",
+    "compile": "a kernel compiled a graph: kernel, bucket, phase (warmup or serving), seconds, graph_id",
+    "token": "a request got a token: request_id, token, step, logits (a tensor, or None)",
+    "request": "a request was accepted: request_id, prompt, max_tokens, stop_token_ids, ignore_eos",
+    "finish": "a request ended: request_id, reason (length, stop or abort), tokens, step",
+    "step": "a step finished: step, kind, bucket, finished",
+    "block_table": "(paging) a step's table: kernel, bucket, step, request_ids, left_pads, seq_lens, tkv, "
+    "block_table (one row per padded row), owners (the pool's block -> owner map as the kernels are about to "
+    "run: a live read-only view, so no owner is looked up unless a rule asks; read it in the handler, copy it "
+    "to keep it), num_blocks, null_block",
+    "kv_write": "(paging) every KV slot a step writes, one event a step, before its kernels run: step, slots "
+    "(block * block_size + offset), writers (the request writing each slot), owners (as for block_table)",
+}
+
+# The optional capabilities and what each offers; `check_runtime` verifies the attributes.
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    # Block tables over a pool with a reserved null block: `block_table` and `kv_write` events.
+    "paging": ("null_block", "num_blocks"),
+    # An unpadded, unpaged eager run of the same model: the judge of output equivalence.
+    "reference": ("reference",),
+    # KV blocks' contents and owners, so the harness can checksum blocks nobody should write.
+    "kv_cache": ("kv_blocks", "block_owners"),
+    # Calls of compiled kernels through the serving entry point: one per warm bucket on the
+    # buffers serving uses (preflight), and control calls that must compile.
+    "control_calls": ("preflight_call", "controls"),
+    # The runtime's own compile accounting per kernel, compared with the harness's count.
+    "compile_accounting": ("kernel_accounts",),
+    # A per-sequence decode kernel beside the batched one, chosen when the harness builds the
+    # runtime with `options["batched_decode"] = False`: check's per-sequence pass needs it.
+    "per_sequence_decode": (),
+    # The runtime follows DESIGN.md's contract (tkv, left padding, shift, strip, volume) and
+    # exposes `config` as a `runtime.config.RuntimeConfig` and `builder` for probing: the
+    # contract checkers, the reachable-set oracle and the coverage traffic need it.
+    "design_contract": ("builder",),
+}
+
+CORE = (
+    "name",
+    "config",
+    "capabilities",
+    "steps",
+    "finished",
+    "subscribe",
+    "warm_plan",
+    "ladders",
+    "warmup",
+    "add_request",
+    "step",
+    "abort",
+    "has_work",
+    "pool_snapshot",
+    "close",
+)
+
+# Wraps a Dynamo backend for one kernel: (kernel name, backend) -> backend. The harness counts
+# compiles and graph hits with it, so the runtime must compile every kernel through it.
+BackendWrapper = Callable[[str, Callable[..., Any]], Callable[..., Any]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the harness asks a factory for. A runtime maps what it understands and ignores the
+    rest; `native` is the bundled runtime's full config, built from the CLI's flags and env."""
+
+    block_size: int = 64
+    max_model_len: int = 2048
+    max_num_seqs: int = 8
+    backend: str = "inductor"
+    device: str = "cpu"
+    wrap_backend: BackendWrapper | None = None
+    fault: str | None = None  # one of the runtime's own `faults()`, seeded for a control run
+    native: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Bucket(Protocol):
+    """A compiled shape: hashable, printable, naming its kernel."""
+
+    @property
+    def kernel(self) -> str: ...
+
+
+class ModelView(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def eos_token_id(self) -> int: ...
+
+
+class ConfigView(Protocol):
+    """What workloads are drawn from: the sizes every runtime has."""
+
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def model(self) -> ModelView: ...
+
+
+class Finished(Protocol):
+    @property
+    def tokens(self) -> Sequence[int]: ...
+    @property
+    def reason(self) -> str: ...
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """The core. A request that can never be served is refused at `add_request` with a
+    ValueError naming why, leaving the runtime unchanged; `abort` of an unknown or ended id
+    raises ValueError too. Warmup compiles `warm_plan()` and nothing else."""
+
+    name: str
+    config: ConfigView
+    capabilities: frozenset[str]
+    steps: int
+    finished: Mapping[str, Finished]
+
+    def subscribe(self, observer: Any) -> Callable[[], None]: ...
+    def warm_plan(self) -> Sequence[Bucket]: ...
+    def ladders(self) -> Mapping[str, tuple[int, ...]]: ...
+    def warmup(self, progress: Callable[[int, int, Any], None] | None = None) -> None: ...
+    def add_request(
+        self,
+        prompt_token_ids: object,
+        max_tokens: object,
+        request_id: object = None,
+        *,
+        stop_token_ids: object = (),
+        ignore_eos: object = False,
+    ) -> str: ...
+    def step(self) -> Any: ...
+    def abort(self, request_id: object) -> Any: ...
+    def has_work(self) -> bool: ...
+    def pool_snapshot(self) -> object: ...
+    def close(self) -> None: ...
+
+
+class Paging(Protocol):
+    null_block: int
+    num_blocks: int
+
+
+class ReferenceRun(Protocol):
+    tokens: Sequence[int]
+    logits: Sequence[Any]  # one row per token, or empty when the runtime offers none
+    reason: str  # "length" or "stop"
+
+
+class Reference(Protocol):
+    def reference(
+        self, prompt: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int] = (), ignore_eos: bool = False
+    ) -> ReferenceRun: ...
+
+
+class KVCacheAccess(Protocol):
+    def kv_blocks(self, blocks: Sequence[int]) -> list[Any]:
+        """Every cache tensor (each layer's K and V) indexed by `blocks`: tensors [len(blocks), block_size,
+        ...], dim 1 the offset within the block (a cache laid out otherwise is permuted to this)."""
+        ...
+
+    def block_owners(self) -> Mapping[int, str]:
+        """Every allocated block and the request that owns it."""
+        ...
+
+
+class Control(Protocol):
+    """A kernel call that must compile: through the serving entry point, so a broken guard fails it."""
+
+    name: str
+    bucket: Any
+
+    def call(self) -> Any: ...
+
+
+class ControlCalls(Protocol):
+    def preflight_call(self, bucket: Any) -> None:
+        """Call `bucket`'s kernel once on the buffers serving uses; after warmup it must not compile."""
+        ...
+
+    def controls(self) -> Sequence[Control]:
+        """Calls no warm graph serves: for example a size between rungs, or buffers of another stride."""
+        ...
+
+
+class KernelAccount(Protocol):
+    calls: Mapping[Any, int]  # bucket -> kernel calls
+    served: Mapping[tuple[Any, Any], int]  # (call's bucket, bucket its graph was compiled for) -> graph hits
+    compiles: Sequence[Any]  # the compile events of this kernel
+
+
+class CompileAccounting(Protocol):
+    def kernel_accounts(self) -> Mapping[str, KernelAccount]: ...
+
+
+class Faulty(Protocol):
+    """A runtime may ship its own fault catalog: fault name -> the checker that must catch it."""
+
+    def faults(self) -> Mapping[str, str]: ...
+
+
+Factory = Callable[[Settings], Runtime]
+
+
+def missing(runtime: object) -> list[str]:
+    """What `runtime` lacks of the protocol: core attributes, and those of each capability it claims."""
+    out = [name for name in CORE if not hasattr(runtime, name)]
+    claimed: object = getattr(runtime, "capabilities", frozenset())
+    if not isinstance(claimed, frozenset):
+        return [*out, f"capabilities (a frozenset of names, got {type(claimed).__name__})"]
+    for cap in sorted(claimed):
+        if cap not in CAPABILITIES:
+            out.append(f"capability {cap!r} (unknown; known: {', '.join(CAPABILITIES)})")
+            continue
+        out += [f"{attr} (for {cap})" for attr in CAPABILITIES[cap] if not hasattr(runtime, attr)]
+    return out

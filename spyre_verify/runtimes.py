@@ -1,0 +1,147 @@
+"""Naming a runtime: `--runtime module:factory`, `SPYRE_VERIFY_RUNTIME`, or the name of an
+installed one (entry-point group `spyre_verify.runtimes`) or of one a project lists in its
+`pyproject.toml` under `[tool.spyre-verify.runtimes]`. The bundled runtime is `bundled`.
+
+A factory is resolved and checked before any work: one that cannot be imported, or whose
+runtime lacks part of the protocol, is a `RuntimeSpecError` (exit 2) naming what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from spyre_verify.errors import UsageError
+from spyre_verify.protocol import Runtime, Settings, missing
+
+ENV_RUNTIME = "SPYRE_VERIFY_RUNTIME"
+GROUP = "spyre_verify.runtimes"
+BUNDLED = "bundled"
+BUNDLED_FACTORY = "spyre_verify.bundled:make"
+
+
+class RuntimeSpecError(UsageError):
+    """A `--runtime` that names no importable factory, or one whose runtime breaks the protocol."""
+
+
+@dataclass(frozen=True)
+class Named:
+    name: str
+    target: str  # module:attr
+    source: str  # where the name comes from: built in, an entry point, pyproject.toml, the flag
+
+
+def project_runtimes(root: Path | None = None) -> dict[str, str]:
+    """`[tool.spyre-verify.runtimes]` of the pyproject.toml in `root` (default: the working directory)."""
+    path = (root or Path.cwd()) / "pyproject.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    table = data.get("tool", {}).get("spyre-verify", {}).get("runtimes", {})
+    return {str(k): str(v) for k, v in table.items()} if isinstance(table, dict) else {}
+
+
+def known() -> list[Named]:
+    """Every runtime that has a name: built in, installed (entry points), listed by the project."""
+    out: dict[str, Named] = {}
+    for ep in importlib.metadata.entry_points(group=GROUP):
+        out.setdefault(ep.name, Named(ep.name, ep.value, f"entry point of {ep.dist.name if ep.dist else '?'}"))
+    out.setdefault(BUNDLED, Named(BUNDLED, BUNDLED_FACTORY, "built in"))  # also when run from a source tree
+    for name, target in project_runtimes().items():
+        out.setdefault(name, Named(name, target, "pyproject.toml [tool.spyre-verify.runtimes]"))
+    return list(out.values())
+
+
+def resolve_name(spec: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The factory target for `spec` (a name or module:attr), else the env's, else the bundled one."""
+    env = os.environ if env is None else env
+    spec = spec or env.get(ENV_RUNTIME) or BUNDLED
+    if ":" in spec:
+        return spec
+    names = {n.name: n.target for n in known()}
+    if spec not in names:
+        raise RuntimeSpecError(
+            f"--runtime={spec!r}: no runtime of that name (known: {', '.join(sorted(names))}); "
+            "give module:factory, e.g. tests.foreign.engine:make"
+        )
+    return names[spec]
+
+
+def load_factory(target: str) -> Callable[[Settings], Runtime]:
+    """Import `module:attr`; the working directory is importable, as for `python -m`."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise RuntimeSpecError(f"--runtime={target!r}: give module:factory, e.g. tests.foreign.engine:make")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RuntimeSpecError(f"--runtime={target!r}: cannot import {module_name}: {e}") from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise RuntimeSpecError(f"--runtime={target!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def open_runtime(target: str, settings: Settings) -> Any:
+    """Build a runtime and check it offers the protocol; a runtime that does not is closed and refused."""
+    factory = load_factory(target)
+    try:
+        rt = factory(settings)
+    except Exception as e:  # the user's factory refused or broke: their input, one line, exit 2
+        raise RuntimeSpecError(f"--runtime={target!r}: the factory raised {type(e).__name__}: {e}") from e
+    lacks = missing(rt)
+    if lacks:
+        close = getattr(rt, "close", None)
+        if callable(close):
+            close()
+        raise RuntimeSpecError(
+            f"--runtime={target!r}: the runtime does not satisfy the protocol; missing: {', '.join(lacks)}"
+        )
+    return rt
+
+
+def settings_for(config: Any, wrap_backend: Any = None, fault: str | None = None, seams: Any = None) -> Settings:
+    """The Settings for a CLI-built RuntimeConfig: its generic sizes, and the whole of it as `native`."""
+    c = config
+    # The pool size travels as an option: a runtime with a pool of its own may honour it.
+    options: dict[str, Any] = {"num_blocks": c.total_blocks} if c.num_blocks is not None else {}
+    options |= {"seams": seams} if seams is not None else {}
+    return Settings(c.block_size, c.max_model_len, c.max_num_seqs, c.backend, c.device, wrap_backend, fault, c, options)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a runtime says about itself before any work: checked once at start-up."""
+
+    target: str
+    name: str
+    config: Any  # its ConfigView: workloads are drawn from its sizes and vocabulary
+    capabilities: frozenset[str]
+    faults: Mapping[str, str]  # its own fault catalog: fault -> the checker that must catch it
+
+    @property
+    def bundled(self) -> bool:
+        return self.target == BUNDLED_FACTORY
+
+
+def probe(spec: str | None, config: Any) -> Probe:
+    """Resolve `spec`, build the runtime once to check the protocol and read its catalog, close it."""
+    target = resolve_name(spec)
+    rt = open_runtime(target, settings_for(config))
+    try:
+        faults = getattr(rt, "faults", None)
+        catalog = dict(faults()) if callable(faults) else {}
+        return Probe(target, rt.name, rt.config, rt.capabilities, catalog)
+    finally:
+        rt.close()

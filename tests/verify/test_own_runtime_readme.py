@@ -1,0 +1,82 @@
+"""The README's "Verify your own runtime" walk, followed as written: every command in its shell
+blocks exits 0 on the foreign runtime, and its conftest.py makes `spyre_engine` that runtime."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spyre_verify.cli.main import main
+from spyre_verify.runtimes import ENV_RUNTIME
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTION = "## Verify your own runtime"
+# Fast backends for the gate; every command takes --backend and the README's audit names its own.
+EAGER = ["--backend", "eager"]
+OUT_COMMANDS = ("check", "hunt", "audit")  # controls writes no report
+
+
+def section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(SECTION)
+    end = text.index("\n## ", start + len(SECTION))
+    return text[start:end]
+
+
+def blocks(lang: str) -> list[str]:
+    """The section's fenced blocks of `lang`, dedented (they sit inside a numbered list)."""
+    found = re.findall(rf"^( *)```{lang}\n(.*?)^ *```", section(), re.S | re.M)
+    return [textwrap.dedent(body) for _, body in found]
+
+
+def commands() -> list[list[str]]:
+    lines = [line.strip() for block in blocks("sh") for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("spyre-verify ")]
+
+
+def test_the_walk_names_every_command_the_issue_asks_for() -> None:
+    names = [argv[1] for argv in commands()]
+    assert names == ["runtimes", "check", "controls", "hunt", "audit"]
+    assert all("--runtime" in argv for argv in commands())
+
+
+@pytest.mark.parametrize("argv", commands(), ids=lambda a: a[1])
+def test_each_command_of_the_walk_passes_on_the_foreign_runtime(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv(ENV_RUNTIME, raising=False)
+    args = argv[1:]
+    if "--backend" not in args and args[0] != "runtimes":
+        args += EAGER
+    if args[0] in OUT_COMMANDS:
+        args += ["--out", str(tmp_path)]
+    assert main(args) == 0, argv
+
+
+def test_its_conftest_aims_the_plugin_fixtures_at_the_runtime(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [conftest] = blocks("python")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the walk's factory lives in this repository's tests/
+    for name in ("COVERAGE_PROCESS_START", "COV_CORE_SOURCE", ENV_RUNTIME):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(
+        """
+        def test_engine(spyre_engine, dispatch_log):
+            assert spyre_engine.name == "foreign"
+            spyre_engine.add_request([1, 2, 3], 4)
+            while spyre_engine.has_work():
+                spyre_engine.step()
+            assert dispatch_log.events and len(spyre_engine.finished) == 1
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--spyre-backend", "eager", "--rootdir", str(pytester.path)
+    )
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,189 @@
+"""Naming a runtime: resolution, the protocol check at start-up, `spyre-verify runtimes`, and
+checkers that report `not run` where a capability is missing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.ladders import LadderAgreement
+from spyre_verify.checks.output import OutputEquivalence
+from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.cli.check_report import summary_of
+from spyre_verify.cli.main import main
+from spyre_verify.protocol import CAPABILITIES, CORE, Settings, missing
+from spyre_verify.runtimes import (
+    BUNDLED_FACTORY,
+    ENV_RUNTIME,
+    RuntimeSpecError,
+    known,
+    load_factory,
+    open_runtime,
+    project_runtimes,
+    resolve_name,
+)
+
+FOREIGN = "tests.foreign.engine:make"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv(ENV_RUNTIME, raising=False)
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of factories a user might write, importable from the working directory."""
+    (tmp_path / "my_runtimes.py").write_text(
+        textwrap.dedent(
+            """
+            from types import SimpleNamespace
+
+            def half(settings):  # a runtime that offers part of the core only
+                return SimpleNamespace(name="half", capabilities=frozenset(), close=lambda: None)
+
+            def claims_too_much(settings):  # everything but the attributes of a capability it claims
+                from tests.foreign.engine import make
+                rt = make(settings)
+                rt.capabilities = rt.capabilities | {"design_contract"}
+                return rt
+
+            def refuses(settings):
+                raise ValueError("block_size=3: must be a power of two")
+
+            NOT_CALLABLE = 3
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.delenv(ENV_RUNTIME, raising=False)
+    yield "my_runtimes"
+    sys.modules.pop("my_runtimes", None)
+
+
+def test_resolution_order_flag_then_env_then_bundled(in_root: None) -> None:
+    assert resolve_name(None, {}) == BUNDLED_FACTORY
+    assert resolve_name(None, {ENV_RUNTIME: FOREIGN}) == FOREIGN
+    assert resolve_name("bundled", {ENV_RUNTIME: FOREIGN}) == BUNDLED_FACTORY
+    assert resolve_name("foreign", {}) == FOREIGN  # from this project's pyproject.toml
+    with pytest.raises(RuntimeSpecError, match=r"no runtime of that name \(known: bundled, foreign\)"):
+        resolve_name("nosuch", {})
+
+
+def test_known_lists_the_entry_point_and_the_project_runtime(in_root: None) -> None:
+    by_name = {n.name: n for n in known()}
+    assert by_name["bundled"].target == BUNDLED_FACTORY
+    assert by_name["bundled"].source.startswith("entry point of spyre-verify")
+    assert by_name["foreign"].target == FOREIGN and "pyproject.toml" in by_name["foreign"].source
+    assert project_runtimes(ROOT / "tests") == {}  # no pyproject there: nothing listed, nothing raised
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        ("no_colon", "give module:factory"),
+        (":make", "give module:factory"),
+        ("nosuch_module_xyz:make", "cannot import nosuch_module_xyz"),
+        ("os:nosuch_attr", "has no callable 'nosuch_attr'"),
+    ],
+)
+def test_bad_factory_names_are_refused(target: str, match: str) -> None:
+    with pytest.raises(RuntimeSpecError, match=match):
+        load_factory(target)
+
+
+def test_a_runtime_missing_part_of_the_protocol_is_named_and_closed(user_module: str) -> None:
+    with pytest.raises(RuntimeSpecError) as e:
+        open_runtime(f"{user_module}:half", Settings(backend="eager"))
+    text = str(e.value)
+    assert "does not satisfy the protocol" in text
+    assert all(name in text for name in CORE if name not in ("name", "capabilities", "close"))
+    with pytest.raises(RuntimeSpecError, match=r"builder \(for design_contract\)"):
+        open_runtime(f"{user_module}:claims_too_much", Settings(block_size=4, max_model_len=16, backend="eager"))
+    with pytest.raises(RuntimeSpecError, match="the factory raised ValueError: block_size=3"):
+        open_runtime(f"{user_module}:refuses", Settings())
+
+
+def test_missing_reads_capabilities_as_a_frozenset_of_known_names() -> None:
+    full = SimpleNamespace(**dict.fromkeys(CORE))
+    full.capabilities = frozenset({"paging"})
+    assert missing(full) == ["null_block (for paging)", "num_blocks (for paging)"]
+    full.capabilities = frozenset({"teleport"})
+    assert missing(full) == [f"capability 'teleport' (unknown; known: {', '.join(CAPABILITIES)})"]
+    full.capabilities = {"paging"}
+    assert missing(full) == ["capabilities (a frozenset of names, got set)"]
+
+
+@pytest.mark.parametrize("command", ["check", "controls", "audit", "hunt", "ladders"])
+def test_every_command_refuses_a_broken_runtime_at_start_up(
+    command: str, user_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = ["--device", "cpu"] if command == "audit" else []  # audit notes the device it falls back to
+    code = main([command, "--runtime", f"{user_module}:half", "--backend", "eager", *device])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "does not satisfy the protocol; missing:" in err[0]
+
+
+def test_runtimes_command_lists_both_runtimes(in_root: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runtimes"]) == 0
+    out = capsys.readouterr().out
+    assert "bundled  spyre_verify.bundled:make" in out and f"foreign  {FOREIGN}" in out
+    assert "faults: dynamic-shapes, mask-leak, skip-top-decode, stale-padding" in out
+
+
+def test_checkers_say_what_they_need_and_are_not_run_without_it() -> None:
+    caps = frozenset({"paging", "reference"})
+    padding, ladders, output = PaddingValidity(), LadderAgreement(), OutputEquivalence()
+    assert [c.skip(caps) for c in (padding, ladders, output)] == [False, True, False]
+    assert ladders.not_run == "the runtime does not offer design_contract"
+    assert ladders.status == "not run" and summary_of(ladders) == {
+        "name": "ladder-agreement",
+        "status": "not run",
+        "violations": [],
+        "not_run": "the runtime does not offer design_contract",
+    }
+    graph = GraphReuse()
+    assert graph.skip(frozenset()) and "compile_accounting, control_calls" in str(graph.not_run)
+
+
+def test_soak_runs_on_the_foreign_runtime_and_fails_under_its_fault(in_root: None, tmp_path: Path) -> None:
+    base = ["soak", "--runtime", "foreign", "--backend", "eager", "--requests", "60", "--sample", "10"]
+    assert main([*base, "--out", str(tmp_path / "clean")]) == 0
+    report = json.loads((tmp_path / "clean" / "soak.json").read_text())
+    assert report["runtime"] == "foreign" and report["leak_audit_not_run"] is None
+    not_run = {c["name"] for c in report["checks"] if c["status"] == "not run"}
+    assert not_run == {"ladder-agreement", "contract-conformance", "volume-limit"}
+    assert main([*base, "--fault", "stale-padding", "--out", str(tmp_path / "fault")]) == 1
+
+
+def test_ladders_shows_another_runtimes_own_ladders(in_root: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ladders", "--runtime", "foreign", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["runtime"] == "foreign"
+    assert payload["ladders"] == {"batch": [1, 2, 4], "blocks": [1, 2, 4]}
+    assert "decode(4, 4)" in payload["warm_plan"]["decode"]
+
+
+def test_check_on_the_foreign_runtime_reports_what_did_not_run(in_root: None, tmp_path: Path) -> None:
+    assert main(["check", "--runtime", FOREIGN, "--backend", "eager", "--no-controls", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["runtime"] == "foreign" and report["verdict"] == "pass"
+    assert report["per_sequence_pass"] == {
+        "verdict": "not run",
+        "not_run": "the foreign runtime has no per-sequence decode kernel (per_sequence_decode)",
+    }
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["padding-validity"] == status["graph-reuse"] == status["output-equivalence"] == "pass"
+    assert status["warmup-exactness"] == status["ladder-agreement"] == "not run"
+    assert report["coverage"]["not_run"] == "reachable coverage needs design_contract"
+    assert report["tokens_match_reference"] is True and report["workload"]["steps"] > 0
