@@ -1,6 +1,9 @@
 """Attention kernels over a paged KV cache, written for static shapes: whatever changes
 between calls of one bucket (tkv, left padding, block ids) is a tensor, so Dynamo guards only on
-shapes, strides and the batched kernel's two flags. `mask_padding=False` is the `mask-leak` fault."""
+shapes, strides and the batched kernel's two flags. `mask_padding=False` is the `mask-leak` fault.
+Inductor vectorises a reduction along its output's innermost dimension and walks the reduced one
+in the inner loop; in KVCache's layout that walk is contiguous: q.K over a [head_dim, 16 tokens]
+tile, p.V over a [block_size, 16 dims] tile, p.V summed per block first (split-KV), then across."""
 
 from __future__ import annotations
 
@@ -9,31 +12,25 @@ import math
 import torch
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """q [N,H,D], k/v [N,T,H,D], valid [N,T] -> [N,H,D]."""
-    scores = torch.einsum("nhd,nthd->nht", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    return torch.einsum("nht,nthd->nhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
-
-
-def _gather(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """cache [B,bs,H,D], table [N,K] -> [N,K*bs,H,D]."""
-    n, k = table.shape
-    return cache[table.reshape(-1)].reshape(n, k * cache.shape[1], cache.shape[2], cache.shape[3])
-
-
-def _decode_mask(left_pads: torch.Tensor, tkv: torch.Tensor, width: int, mask_padding: bool) -> torch.Tensor:
-    pos = torch.arange(width, device=left_pads.device)[None, :]
-    upto = pos <= tkv.reshape(1, 1)
-    return (upto & (pos >= left_pads[:, None])) if mask_padding else upto.expand(left_pads.shape[0], width)
+def _attend(q, k_cache, v_cache, table, left_pads, tkv, mask_padding: bool) -> torch.Tensor:
+    """q [N,H,D], table [N,K] -> [N,H,D]; each row's blocks are indexed in place, never copied."""
+    (n, kb), (heads, dim), bs = table.shape, q.shape[1:], v_cache.shape[3]
+    pos = torch.arange(kb * bs, device=q.device).reshape(1, kb, 1, bs)
+    keep = pos <= tkv.reshape(1, 1, 1, 1)
+    if mask_padding:  # without it (the `mask-leak` fault) left padding leaks into the softmax
+        keep = keep & (pos >= left_pads.reshape(n, 1, 1, 1))
+    qs = q.float() * (1.0 / math.sqrt(dim))  # scale the N*H*D query, not the N*H*T scores
+    scores = (qs[:, None, :, None, :, None] * k_cache[table].float()).sum(dim=4).reshape(n, kb, heads, bs)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    e = (scores - scores.amax(dim=(1, 3), keepdim=True)).exp()
+    out = (e[:, :, :, None, :, None] * v_cache[table].float()).sum(dim=4).sum(dim=1).reshape(n, heads, dim)
+    return (out / e.sum(dim=(1, 3))[..., None]).to(q.dtype)  # normalise the output, not every probability
 
 
 def make_decode(mask_padding: bool = True):
     def decode_attention(q, k_cache, v_cache, block_table, left_pad, tkv):
         """Per-sequence paged decode: q [1,H,D], block_table [K]."""
-        table = block_table[None, :]
-        valid = _decode_mask(left_pad, tkv, table.shape[1] * k_cache.shape[1], mask_padding)
-        return _attend(q, _gather(k_cache, table), _gather(v_cache, table), valid)
+        return _attend(q, k_cache, v_cache, block_table[None, :], left_pad, tkv, mask_padding)
 
     return decode_attention
 
@@ -43,10 +40,8 @@ def make_batched(mask_padding: bool = True):
         q, out, k_cache, v_cache, block_table, left_pads, row_real, tkv, needs_gather, store_out
     ):
         """Batched paged decode: q/out [N,H,D], block_table [N,K], one tkv for all rows."""
-        valid = _decode_mask(left_pads, tkv, block_table.shape[1] * k_cache.shape[1], mask_padding)
-        result = _attend(q, _gather(k_cache, block_table), _gather(v_cache, block_table), valid)
-        if needs_gather:
-            # Padded rows only ever saw the null block; zero them so nothing downstream reads noise.
+        result = _attend(q, k_cache, v_cache, block_table, left_pads, tkv, mask_padding)
+        if needs_gather:  # padded rows only ever saw the null block: zero them, so nothing reads noise
             result = result * row_real[:, None, None].to(result.dtype)
         if store_out:
             out.copy_(result)
@@ -59,19 +54,13 @@ def make_batched(mask_padding: bool = True):
 def make_prefill(mask_padding: bool = True):
     def prefill_attention(q, k, v, left_pad):
         """One request padded to a block multiple: q/k/v [T,H,D], causal from its left padding."""
-        t = q.shape[0]
-        pos = torch.arange(t, device=q.device)
+        pos = torch.arange(q.shape[0], device=q.device)
         causal = pos[None, :] <= pos[:, None]
         real_key = pos[None, :] >= left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)
         # A left-padding query has no real key; letting it see itself keeps softmax finite.
         valid = causal & (real_key | (pos[None, :] == pos[:, None]))
-        return _prefill_attend(q, k, v, valid)
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~valid[None], float("-inf"))
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
 
     return prefill_attention
-
-
-def _prefill_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """q/k/v [T,H,D], valid [T,T] -> [T,H,D]."""
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~valid[None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)

@@ -4,6 +4,7 @@ largest bucket, so the shapes and strides Dynamo guards on are identical in warm
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,42 +16,53 @@ from runtime.config import RuntimeConfig
 from runtime.events import EventBus
 from runtime.metadata import DecodeMetadata, PrefillMetadata
 
+LANES = 16  # tokens (K) and head dims (V) in groups of one AVX-512 float32 vector: see attention.py
+
+
+def cache_shapes(config: RuntimeConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One layer's K [blocks, heads, bs/lk, head_dim, lk] and V [blocks, heads, head_dim/lv, bs, lv]."""
+    bs, h, d = config.block_size, config.model.num_heads, config.model.head_dim
+    lk, lv = math.gcd(bs, LANES), math.gcd(d, LANES)
+    return (config.total_blocks, h, bs // lk, d, lk), (config.total_blocks, h, d // lv, bs, lv)
+
 
 class KVCache:
-    """Per layer, K and V of shape [num_blocks, block_size, heads, head_dim]."""
+    """Per layer K and V in `cache_shapes`' layout; dim 0 is always the block id."""
 
     def __init__(self, config: RuntimeConfig) -> None:
-        m = config.model
-        shape = (config.total_blocks, config.block_size, m.num_heads, m.head_dim)
-        dtype, dev = getattr(torch, config.dtype), config.device
-        self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(m.num_layers)]
+        dtype, dev, layers = getattr(torch, config.dtype), config.device, config.model.num_layers
+        k_shape, v_shape = cache_shapes(config)
+        self.k = [torch.zeros(k_shape, dtype=dtype, device=dev) for _ in range(layers)]
+        self.v = [torch.zeros(v_shape, dtype=dtype, device=dev) for _ in range(layers)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write one K/V row per slot; slots are only ever given to real tokens."""
-        heads, dim = k.shape[-2], k.shape[-1]
-        self.k[layer].view(-1, heads, dim).index_copy_(0, slots, k)
-        self.v[layer].view(-1, heads, dim).index_copy_(0, slots, v)
+        """One K/V row [heads, head_dim] per slot (block * bs + offset); slots only go to real tokens."""
+        kc, vc = self.k[layer], self.v[layer]
+        lk, bs = kc.shape[-1], vc.shape[3]
+        block, off = slots // bs, slots % bs
+        kc[block, :, off // lk, :, off % lk] = k
+        vc[block, :, :, off, :] = v.reshape(v.shape[0], *vc.shape[1:3], vc.shape[-1])
+
+    def read(self, blocks: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's K, then V, of `blocks` as slot-major [n, bs, heads, head_dim] copies."""
+        n, (_, h, _, d, _), bs = blocks.numel(), self.k[0].shape, self.v[0].shape[3]
+        ks = [t.permute(0, 2, 4, 1, 3).index_select(0, blocks).reshape(n, bs, h, d) for t in self.k]
+        return ks + [t.permute(0, 3, 1, 2, 4).index_select(0, blocks).reshape(n, bs, h, d) for t in self.v]
 
 
 class StagingBuffers:
     def __init__(self, config: RuntimeConfig, max_blocks: int, max_tokens: int) -> None:
-        m, dev, dt = config.model, config.device, getattr(torch, config.dtype)
-        s, h, d = config.max_num_seqs, m.num_heads, m.head_dim
-        self.q = torch.zeros(s, h, d, dtype=dt, device=dev)
-        self.out = torch.zeros(s, h, d, dtype=dt, device=dev)
-        self.block_table = torch.zeros(s, max_blocks, dtype=torch.long, device=dev)
-        self.left_pads = torch.zeros(s, dtype=torch.long, device=dev)
-        self.row_real = torch.zeros(s, dtype=torch.bool, device=dev)
+        s, h, d, dt = config.max_num_seqs, config.model.num_heads, config.model.head_dim, getattr(torch, config.dtype)
+
+        def z(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=config.device)
+
+        self.q, self.out, self.tkv = z(s, h, d, dtype=dt), z(s, h, d, dtype=dt), z(1)
+        self.block_table, self.left_pads, self.row_real = z(s, max_blocks), z(s), z(s, dtype=torch.bool)
         # The per-sequence kernel runs once per row on its own one-row buffers.
-        self.seq_q = torch.zeros(1, h, d, dtype=dt, device=dev)
-        self.seq_table = torch.zeros(max_blocks, dtype=torch.long, device=dev)
-        self.seq_left_pad = torch.zeros(1, dtype=torch.long, device=dev)
-        self.tkv = torch.zeros(1, dtype=torch.long, device=dev)
-        self.prefill_q = torch.zeros(max_tokens, h, d, dtype=dt, device=dev)
-        self.prefill_k = torch.zeros_like(self.prefill_q)
-        self.prefill_v = torch.zeros_like(self.prefill_q)
-        self.prefill_left_pad = torch.zeros(1, dtype=torch.long, device=dev)
+        self.seq_q, self.seq_table, self.seq_left_pad = z(1, h, d, dtype=dt), z(max_blocks), z(1)
+        self.prefill_q, self.prefill_k, self.prefill_v = (z(max_tokens, h, d, dtype=dt) for _ in "qkv")
+        self.prefill_left_pad = z(1)
 
 
 class PagedAttention:
@@ -112,9 +124,8 @@ class PagedAttention:
     ) -> torch.Tensor:
         """q/k/v [T,H,D] over the padded positions -> attention output [T,H,D]."""
         st, t = self.staging, q.shape[0]
-        st.prefill_q[:t].copy_(q)
-        st.prefill_k[:t].copy_(k)
-        st.prefill_v[:t].copy_(v)
+        for buf, x in ((st.prefill_q, q), (st.prefill_k, k), (st.prefill_v, v)):
+            buf[:t].copy_(x)
         st.prefill_left_pad.fill_(md.left_pad)
         return self.runners[PREFILL](md.bucket, *self.prefill_args(md.bucket)).clone()
 

@@ -121,6 +121,7 @@ class Plan:
     backend: str
     repeats: int
     only: tuple[str, ...] = FIGURES
+    device: str = "cpu"  # "cuda": the kernel figures (4, 5) on the GPU
 
 
 def closing(figures: list[Figure]) -> list[str]:

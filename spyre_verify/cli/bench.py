@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
 from spyre_verify.bench.figures import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing
 from spyre_verify.bench.run import run_figures
@@ -20,6 +22,8 @@ from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, environment, table, write_atomic, write_json
+
+KERNEL_FIGURES = ("4", "5")  # the figures that run on a GPU: compiled kernels, no engine
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +40,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=Count("--repeats", 1, 1000),
         default=None,
         help=f"repeats per figure (default: {FULL.repeats}; {QUICK.repeats} with --quick)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the kernel figures (4, 5) on the GPU, each timed region synchronised",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (the table goes to stderr)")
@@ -61,7 +71,23 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         bad = [x for x in only if x not in FIGURES]
         if bad or not only:
             raise UsageError(f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}")
-    return Plan(mode, backend, repeats, only)
+    if args.device == "cuda":
+        only = kernel_figures(only if args.only is not None else None)
+    return Plan(mode, backend, repeats, only, args.device)
+
+
+def kernel_figures(only: tuple[str, ...] | None) -> tuple[str, ...]:
+    """`--device cuda`: the kernel figures only, and only where CUDA is there (else exit 2)."""
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, built with CUDA "
+            f"{torch.version.cuda or 'none'}); use --device cpu"
+        )
+    if only is None:
+        return KERNEL_FIGURES
+    if set(only) - set(KERNEL_FIGURES):
+        raise UsageError(f"--device cuda runs figures {','.join(KERNEL_FIGURES)} only; got --only={','.join(only)}")
+    return only
 
 
 def cpu_model() -> str:
@@ -82,7 +108,11 @@ def payload(plan: Plan, figures: list[Figure], seconds: float) -> dict[str, Any]
         "mode": plan.mode.name,
         "backend": plan.backend,
         "repeats": plan.repeats,
-        "environment": {**environment("cpu", plan.backend), "cpu_model": cpu_model(), "cpu_count": os.cpu_count()},
+        "environment": {
+            **environment(plan.device, plan.backend),
+            "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(),
+        },
         "seconds": round(seconds, 1),
         "figures": [f.to_dict() for f in figures],
         "missed": [f.id for f in figures if f.met is False],
@@ -119,7 +149,8 @@ def render(p: dict[str, Any]) -> str:
     lines = [
         f"# spyre-verify bench ({p['mode']}): {len(p['figures'])} figures, {p['repeats']} repeats, {p['seconds']} s",
         "",
-        f"torch {env['torch']}, {env['cpu_model']}, {env['cpu_count']} CPUs; backend {p['backend']}",
+        f"torch {env['torch']}, {env['cpu_model']}, {env['cpu_count']} CPUs; backend {p['backend']}"
+        + (f"; device {env['device']} ({env['device_name']})" if env["device"] != "cpu" else ""),
         "",
         table(rows, header),
         "",

@@ -21,6 +21,7 @@ from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, Decod
 from runtime.compiler import KernelRunner, compile_limits, set_dynamo_config
 from runtime.config import RuntimeConfig
 from runtime.events import EventBus
+from runtime.paged_attention import KVCache
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 BUCKETER = SpyreAttnBucketer(CONFIG)
@@ -47,10 +48,13 @@ def runners() -> Iterator[dict[str, KernelRunner]]:
 
 
 # -- random inputs ------------------------------------------------------------------------
-def random_cache(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V caches full of noise, the null block included."""
-    shape = (NUM_BLOCKS, BS, HEADS, DIM)
-    return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+def random_cache(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Noise in every slot, the null block included: (k, v) in the kernels' layout, written slot by slot
+    through KVCache.write, and the same values slot-major [blocks, bs, H, D] for the naive reference."""
+    cache = KVCache(CONFIG)
+    k, v = (torch.randn(NUM_BLOCKS, BS, HEADS, DIM, generator=gen) for _ in range(2))
+    cache.write(0, torch.arange(NUM_BLOCKS * BS), k.reshape(-1, HEADS, DIM), v.reshape(-1, HEADS, DIM))
+    return cache.k[0], cache.v[0], k, v
 
 
 def randint(gen: torch.Generator, low: int, high: int) -> int:
@@ -111,13 +115,13 @@ def test_decode_matches_naive(runners: dict[str, KernelRunner], kv: int) -> None
     gen = torch.Generator().manual_seed(100 + kv)
     plain, bucket = attention.make_decode(), Bucket(DECODE, DecodeKey(kv))
     for _ in range(TRIALS):
-        k_cache, v_cache = random_cache(gen)
+        k_cache, v_cache, k_ref, v_ref = random_cache(gen)
         tkv = random_tkv(gen, kv)
         lp = randint(gen, 0, tkv)
         table = random_rows(gen, [lp], tkv, kv)[0]
         q = torch.randn(1, HEADS, DIM, generator=gen)
         args = (q, k_cache, v_cache, table, torch.tensor([lp]), torch.tensor([tkv]))
-        expected = naive_decode_row(q[0], k_cache, v_cache, table, lp, tkv)[None]
+        expected = naive_decode_row(q[0], k_ref, v_ref, table, lp, tkv)[None]
         assert_close(plain(*args), expected)
         assert_close(runners[DECODE](bucket, *args), expected)
     assert_compiled_once(runners[DECODE], bucket)
@@ -143,7 +147,7 @@ def test_batched_matches_naive(runners: dict[str, KernelRunner], n: int, s: int,
     bucket = Bucket(BATCHED, BatchedKey(n, kv, needs_gather, store_out))
     plain = attention.make_batched()
     for _ in range(TRIALS):
-        k_cache, v_cache = random_cache(gen)
+        k_cache, v_cache, k_ref, v_ref = random_cache(gen)
         tkv = random_tkv(gen, kv)
         lps = [randint(gen, 0, tkv) for _ in range(s)]
         table = torch.cat([random_rows(gen, lps, tkv, kv), torch.zeros(n - s, kv, dtype=torch.long)])
@@ -151,7 +155,7 @@ def test_batched_matches_naive(runners: dict[str, KernelRunner], n: int, s: int,
         left_pads = torch.tensor(lps + [tkv] * (n - s))
         row_real = torch.arange(n) < s
         q = torch.randn(n, HEADS, DIM, generator=gen)
-        expected = torch.stack([naive_decode_row(q[i], k_cache, v_cache, table[i], lps[i], tkv) for i in range(s)])
+        expected = torch.stack([naive_decode_row(q[i], k_ref, v_ref, table[i], lps[i], tkv) for i in range(s)])
         for fn in (plain, lambda *a: runners[BATCHED](bucket, *a)):
             out = torch.full((n, HEADS, DIM), 7.0)
             args = (q, out, k_cache, v_cache, table, left_pads, row_real, torch.tensor([tkv]), needs_gather, store_out)
@@ -188,19 +192,19 @@ def test_prefill_matches_naive(runners: dict[str, KernelRunner], tokens: int) ->
 # -- the reference can fail: the mask-leak seam disagrees with it --------------------------------------
 def test_unmasked_decode_kernels_disagree_with_naive() -> None:
     gen = torch.Generator().manual_seed(7)
-    k_cache, v_cache = random_cache(gen)
+    k_cache, v_cache, k_ref, v_ref = random_cache(gen)
     tkv, lps = 13, [6, 1]  # both rows have padding positions inside the table
     table = random_rows(gen, lps, tkv, 4)
     q = torch.randn(2, HEADS, DIM, generator=gen)
     out = torch.zeros(2, HEADS, DIM)
     leaky_decode = attention.make_decode(mask_padding=False)
     got = leaky_decode(q[:1], k_cache, v_cache, table[0], torch.tensor(lps[:1]), torch.tensor([tkv]))
-    assert not torch.allclose(got[0].double(), naive_decode_row(q[0], k_cache, v_cache, table[0], lps[0], tkv), **TOL)
+    assert not torch.allclose(got[0].double(), naive_decode_row(q[0], k_ref, v_ref, table[0], lps[0], tkv), **TOL)
     leaky_batched = attention.make_batched(mask_padding=False)
     args = (q, out, k_cache, v_cache, table, torch.tensor(lps), torch.ones(2, dtype=torch.bool), torch.tensor([tkv]))
     got = leaky_batched(*args, False, True)
     for i in range(2):
-        expected = naive_decode_row(q[i], k_cache, v_cache, table[i], lps[i], tkv)
+        expected = naive_decode_row(q[i], k_ref, v_ref, table[i], lps[i], tkv)
         assert not torch.allclose(got[i].double(), expected, **TOL)
 
 
