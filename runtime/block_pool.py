@@ -5,6 +5,7 @@ grows, so a running request never runs dry."""
 from __future__ import annotations
 
 from collections import deque
+from types import MappingProxyType
 
 from runtime.errors import OwnershipError, PoolExhausted
 
@@ -17,6 +18,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._free: deque[int] = deque(range(1, num_blocks))
         self._owner: dict[int, str] = {}
+        self.owners = MappingProxyType(self._owner)  # read-only and live: events hand it out, copying nothing
         self._reserved: dict[str, int] = {}
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -68,7 +68,7 @@ class Engine:
             set_dynamo_config(self._replaced)
             self._replaced = None
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -131,7 +131,8 @@ class Engine:
         """After a step or an abort: record the ended requests, then emit the state and each finish."""
         sched, bus = self.scheduler, self.events
         if bus.wants("state"):
-            waiting, rows = tuple(r.request_id for r in sched.waiting), sched.row_states()
+            # A list first: twice as fast as a generator over a long queue.
+            waiting, rows = tuple([r.request_id for r in sched.waiting]), sched.row_states()
             finished = tuple(r.request_id for r in done)
             state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, self.pool.num_free)
             bus.emit("state", state)
@@ -184,24 +185,19 @@ class Engine:
         return tokens
 
     def _emit_batch(self, plan: StepPlan) -> None:
-        """A planned step's dispatch, block table and KV writes, before its kernels run."""
-        md, bus, step = plan.metadata, self.events, self.steps
+        """A planned step's dispatch, block table and KV writes (one event each), before its kernels run."""
+        md, bus, step, owners = plan.metadata, self.events, self.steps, self.pool.owners
         if isinstance(md, DecodeMetadata):
-            rids, lens, pads, table = md.request_ids, md.seq_lens, md.left_pads, md.block_table
-            slots: list[tuple[int, ...]] = [(s,) for s in md.slots]
+            rids, lens, pads, table, writers = md.request_ids, md.seq_lens, md.left_pads, md.block_table, md.request_ids
         else:
             rids, lens, pads, table = (md.request_id,), (md.prompt_len,), (md.left_pad,), (md.block_table,)
-            slots = [md.slots]
+            writers = rids * len(md.slots)
         bucket, kernel = md.bucket, md.bucket.kernel
         if bus.wants("dispatch"):
             phase = self.attention.runners[kernel].phase
             bus.emit("dispatch", ev.DispatchEvent(kernel, bucket, ev.BatchInfo(rids, lens, pads, md.tkv), phase, step))
         if bus.wants("block_table"):
-            owners = tuple((b, self.pool.owner_of(b)) for b in sorted({b for row in table for b in row}))
-            args = (rids, pads, md.tkv, table, owners, self.pool.num_blocks, NULL_BLOCK)
+            args = (rids, pads, lens, md.tkv, table, owners, self.pool.num_blocks, NULL_BLOCK)
             bus.emit("block_table", ev.BlockTableEvent(kernel, bucket, step, *args))
         if bus.wants("kv_write"):
-            for rid, written in zip(rids, slots, strict=True):
-                blocks = tuple(s // self.config.block_size for s in written)
-                holders = tuple(self.pool.owner_of(b) for b in blocks)
-                bus.emit("kv_write", ev.KVWriteEvent(rid, written, blocks, holders, step))
+            bus.emit("kv_write", ev.KVWriteEvent(step, md.slots, writers, owners))

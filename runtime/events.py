@@ -4,7 +4,7 @@ pays one cached lookup per emit site."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,20 +73,22 @@ class BlockTableEvent:
     step: int
     request_ids: tuple[str, ...]
     left_pads: tuple[int, ...]
+    seq_lens: tuple[int, ...]  # positions each real row attends, from its left padding
     tkv: int
     block_table: tuple[tuple[int, ...], ...]  # one row per (padded) sequence
-    owners: tuple[tuple[int, str | None], ...]  # owner of every block id in the table
+    owners: Mapping[int, str]  # the pool's, live and read-only: read it in the handler, copy it to keep it
     num_blocks: int
     null_block: int
 
 
 @dataclass(frozen=True)
 class KVWriteEvent:
-    request_id: str
-    slots: tuple[int, ...]
-    blocks: tuple[int, ...]  # block of each slot
-    owners: tuple[str | None, ...]  # owner of each written block at write time
+    """Every slot (block * block_size + offset) one step writes, before its kernels run."""
+
     step: int
+    slots: tuple[int, ...]
+    writers: tuple[str, ...]  # the request writing each slot
+    owners: Mapping[int, str]  # as BlockTableEvent's
 
 
 @dataclass(frozen=True)

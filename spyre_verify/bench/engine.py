@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import CompileEvent
 from spyre_verify.bench.figures import Figure
+from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.violations import Checker
 from spyre_verify.messages import Progress
@@ -38,7 +38,7 @@ WARMUP_SIZES = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_bl
 
 @dataclass
 class Rig:
-    engine: Engine
+    engine: BundledRuntime
     checkers: list[Checker]
     warm_seconds: float = 0.0
     times: list[float] = field(default_factory=list)
@@ -65,10 +65,10 @@ def build_rigs(config: RuntimeConfig, kinds: list[str], progress: Progress) -> d
     rigs: dict[str, Rig] = {}
     for kind in kinds:
         checkers = [] if kind == BARE else always_on(kv_integrity=kind == KV)
-        engine = Engine(config, wrap_backend=counting_wrapper(checkers))
+        engine = BundledRuntime(config, wrap_backend=counting_wrapper(checkers))
         for c in checkers:
             c.attach(engine)
-        progress(f"warmup ({kind}): {len(engine.recorder.plan())} graphs with {config.backend}")
+        progress(f"warmup ({kind}): {len(engine.warm_plan())} graphs with {config.backend}")
         t0 = time.perf_counter()
         engine.warmup()
         rigs[kind] = Rig(engine, checkers, time.perf_counter() - t0)
@@ -133,7 +133,7 @@ class Lockstep:
 def warmup_figure(config: RuntimeConfig, progress: Progress) -> Figure:
     """Figure 3 on its own engine, on a config small enough for the oracle to walk whole."""
     config = config.with_(**WARMUP_SIZES)
-    engine, seen = Engine(config), CompileLog()
+    engine, seen = BundledRuntime(config), CompileLog()
     engine.subscribe(seen)
     progress(f"figure 3: warmup of {WARMUP_SIZES} with {config.backend}, compiles counted from events")
     with compile_cache(config.backend), engine:  # closing it puts back the Dynamo limits it set

@@ -13,9 +13,9 @@ import runtime.compiler
 import runtime.engine
 import runtime.events
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.errors import RequestError
 from runtime.events import EventBus
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
@@ -42,8 +42,10 @@ class Invariants:
             assert all(owners[b] == rid for b in real), f"step {ev.step}: {rid} reads foreign blocks {row} {owners}"
 
     def on_kv_write(self, ev) -> None:
-        assert 0 not in ev.blocks, f"step {ev.step}: {ev.request_id} writes the null block"
-        assert set(ev.owners) == {ev.request_id}, f"step {ev.step}: {ev.request_id} writes {ev.owners}' blocks"
+        for slot, rid in zip(ev.slots, ev.writers, strict=True):
+            b = slot // self.bs
+            assert b != 0, f"step {ev.step}: {rid} writes the null block"
+            assert ev.owners.get(b) == rid, f"step {ev.step}: {rid} writes block {b} of {ev.owners.get(b)}"
 
 
 @dataclass

@@ -3,15 +3,20 @@ padding faults: every flag names the block, the row and the bucket."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
 from runtime.events import BlockTableEvent, KVWriteEvent
 from runtime.warmup import Seams
 from spyre_verify import faults
+from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.checks.padding_rules import block_table_problems, row_problems
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.session import verify
@@ -34,10 +39,8 @@ def checker(strict: bool = False) -> PaddingValidity:
 
 
 def table(rows: tuple[tuple[int, ...], ...], owners: dict[int, str | None] = OWNERS) -> BlockTableEvent:
-    ids = sorted({b for row in rows for b in row})
-    return BlockTableEvent(
-        BATCHED, BUCKET, 9, ("req-a", "req-b"), (4, 1), 5, rows, tuple((b, owners.get(b)) for b in ids), 5, 0
-    )
+    held = {b: o for b, o in owners.items() if o is not None}  # as a pool holds them: allocated blocks only
+    return BlockTableEvent(BATCHED, BUCKET, 9, ("req-a", "req-b"), (4, 1), (2, 5), 5, rows, held, 5, 0)
 
 
 def kinds(c: PaddingValidity) -> list[str]:
@@ -48,10 +51,20 @@ def test_clean_tables_and_writes_are_quiet() -> None:
     c = checker()
     c.on_block_table(table(CLEAN))
     prefill = BlockTableEvent(
-        PREFILL, Bucket(PREFILL, PrefillKey(8)), 2, ("req-a",), (5,), 8, ((0, 1),), ((0, None), (1, "req-a")), 5, 0
+        PREFILL,
+        Bucket(PREFILL, PrefillKey(8)),
+        2,
+        ("req-a",),
+        (5,),
+        (3,),
+        8,
+        ((0, 1),),
+        {1: "req-a"},
+        5,
+        0,
     )
     c.on_block_table(prefill)
-    c.on_kv_write(KVWriteEvent("req-b", (9, 14), (2, 3), ("req-b", "req-b"), 9))
+    c.on_kv_write(KVWriteEvent(9, (9, 14, 5), ("req-b", "req-b", "req-a"), {1: "req-a", 2: "req-b", 3: "req-b"}))
     assert c.ok, c.violations
     assert c.tables_checked == 2
 
@@ -106,11 +119,49 @@ def test_allocated_null_block_is_flagged() -> None:
 
 def test_kv_writes_into_the_null_block_or_a_foreign_block_are_flagged() -> None:
     c = checker()
-    c.on_kv_write(KVWriteEvent("req-a", (1,), (0,), (None,), 4))
-    c.on_kv_write(KVWriteEvent("req-a", (10,), (2,), ("req-b",), 5))
+    c.on_kv_write(KVWriteEvent(4, (1,), ("req-a",), {}))
+    c.on_kv_write(KVWriteEvent(5, (10,), ("req-a",), {2: "req-b"}))
     assert kinds(c) == ["null-write", "foreign-write"]
-    assert "step 4: req-a writes slot 1 in the null block" in c.violations[0].message
-    assert "step 5: req-a writes slot 10 in block 2, owned by req-b" in c.violations[1].message
+    assert "step 4: req-a writes slots [1] in the null block" in c.violations[0].message
+    assert "step 5: req-a writes slots [10] in block 2, owned by req-b" in c.violations[1].message
+
+
+def test_one_write_event_a_step_is_judged_per_writer_and_block() -> None:
+    # A decode's rows and a prefill's many slots in one event: one flag per (block, writer) that
+    # breaks the rule, naming all its slots; the rows that write their own blocks pass.
+    c = checker()
+    owners = {1: "req-a", 2: "req-b", 3: "req-b"}
+    c.on_kv_write(
+        KVWriteEvent(6, (5, 9, 13, 12, 14, 2), ("req-a", "req-b", "req-a", "req-a", "req-b", "req-b"), owners)
+    )
+    assert kinds(c) == ["null-write", "foreign-write"]
+    assert "step 6: req-b writes slots [2] in the null block" in c.violations[0].message
+    assert "step 6: req-a writes slots [13, 12] in block 3, owned by req-b" in c.violations[1].message
+
+
+def test_the_engine_announces_one_write_a_step_naming_each_slots_writer() -> None:
+    engine, log = Engine(TINY), []
+
+    class Log:
+        def on_dispatch(self, ev: object) -> None:
+            log.append(ev)
+
+        def on_kv_write(self, ev: KVWriteEvent) -> None:
+            with pytest.raises(TypeError):
+                ev.owners[1] = "anyone"  # type: ignore[index]  # the pool's own map, read-only
+            log.append(replace(ev, owners=dict(ev.owners)))  # live: copied as it was at the step
+
+    engine.subscribe(Log())
+    engine.warmup()
+    engine.add_request([1, 2, 3], 3, "a")
+    engine.add_request([4, 5], 2, "b")
+    engine.run_until_done()
+    pairs = list(zip(log[::2], log[1::2], strict=True))
+    assert [w.step for _, w in pairs] == list(range(engine.steps)) and len(log) == 2 * engine.steps
+    for d, w in pairs:
+        real = d.batch.request_ids if d.kernel != PREFILL else d.batch.request_ids * d.batch.seq_lens[0]
+        assert w.writers == real and len(w.slots) == len(real)
+        assert all(w.owners[s // TINY.block_size] == rid for s, rid in zip(w.slots, w.writers, strict=True))
 
 
 def test_strict_mode_raises_on_the_first_violation() -> None:
@@ -145,3 +196,25 @@ def test_clean_run_is_quiet() -> None:
     c, error = run(None)
     assert c.ok and error is None, c.violations
     assert c.tables_checked == 5  # every step of JOIN emitted one table
+
+
+ROWS = st.lists(st.lists(st.integers(-1, 7), min_size=3, max_size=3), min_size=1, max_size=4)
+HOLDERS = st.dictionaries(st.integers(-1, 7), st.sampled_from(["r0", "r1", "r2"]))
+
+
+@given(ROWS, HOLDERS, st.lists(st.integers(0, 6), min_size=4, max_size=4), st.integers(0, 6), st.booleans())
+@example([[-1, 0, 0]], {-1: "r0"}, [0, 0, 0, 0], 0, False)  # an "owned" block outside the pool
+def test_the_fast_path_skips_only_rows_the_entry_by_entry_rules_pass(
+    rows: list[list[int]], owners: dict[int, str], pads: list[int], tkv: int, prefill: bool
+) -> None:
+    # bs 2, 6 blocks: rows mix real, padded, foreign, free and out-of-pool entries (even "owned" ones).
+    ids = ("r0", "r1", "r2")[: max(1, len(rows) - 1)]
+    kernel = PREFILL if prefill else BATCHED
+    got = block_table_problems(rows, ids, pads, tkv, kernel, 2, owners, 6)
+    want = [("null-allocated", f"null block 0 is allocated to {owners[0]}")] if 0 in owners else []
+    last = (tkv - 1) // 2 if prefill else tkv // 2
+    for i, row in enumerate(rows):
+        rid = ids[i] if i < len(ids) else None
+        where = f"{rid}'s row" if rid else f"padded row {i} of the batch {', '.join(ids)}"
+        want += row_problems(row, rid, pads[i] // 2 if rid else len(row), last, where, owners, 6, 0)
+    assert got == want
