@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
 from spyre_verify.audit.run import AuditResult
 from spyre_verify.audit.verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
+from spyre_verify.checks.describe import key_fields
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
 
 MAX_LISTED = 20  # failures shown in the Markdown; the JSON keeps them all
@@ -20,10 +22,12 @@ def bucket_row(r: Row) -> dict[str, Any]:
     st = r.stats
     return {
         "kernel": r.bucket.kernel,
-        "key": list(r.bucket.key.values()),
+        "key": list(key_fields(r.bucket).values()),
         "bucket": str(r.bucket),
         "reachable": r.reachable,
+        "planned": r.planned,
         "warmed": r.warmed,
+        "warmup_graphs": st.warmup_graphs,
         "compile_seconds": _round(st.compile_seconds),
         "dispatches": st.dispatches,
         "calls": st.calls,
@@ -58,11 +62,20 @@ def _totals(table_rows: list[Row], result: AuditResult) -> dict[str, Any]:
     }
 
 
+def runtime_config(c: Any) -> dict[str, Any]:
+    """A runtime's own config as JSON: its fields where it is a dataclass, else the protocol's sizes."""
+    if dataclasses.is_dataclass(c) and not isinstance(c, type):
+        return dataclasses.asdict(c)
+    sizes = ("block_size", "max_model_len", "max_num_seqs")
+    return {**{k: getattr(c, k) for k in sizes}, "model": {"vocab_size": c.model.vocab_size}}
+
+
 def payload(result: AuditResult) -> dict[str, Any]:
     c, t = result.config, result.traffic
     table_rows = rows(result)
-    config = config_payload(c)
-    ladders: dict[str, list[int]] = {"kv_blocks": [], "num_seqs": [], "prefill_tokens": []}
+    config = config_payload(c) if result.contract else runtime_config(result.runtime_config)
+    # The heatmap's axes, present even when empty; another runtime's ladders are its own.
+    ladders: dict[str, list[int]] = {"kv_blocks": [], "num_seqs": [], "prefill_tokens": []} if result.contract else {}
     ladders.update({k: list(v) for k, v in result.ladders.items()})
     expected = {k: list(v) for k, v in result.expected_ladders.items()}
     return {
@@ -70,6 +83,13 @@ def payload(result: AuditResult) -> dict[str, Any]:
         "kind": "audit",
         "verdict": "pass" if verdict(result, table_rows) else "fail",
         "fault": result.fault,
+        "runtime": {
+            "name": result.runtime,
+            "factory": result.factory,
+            "capabilities": sorted(result.capabilities),
+            "design_contract": result.contract,
+        },
+        "not_run": result.not_run,
         "config": config,
         "environment": environment(c.device, c.backend),
         "ladders": ladders,
@@ -81,7 +101,7 @@ def payload(result: AuditResult) -> dict[str, Any]:
         "pruned": [
             {
                 "kernel": x.bucket.kernel,
-                "key": list(x.bucket.key.values()),
+                "key": list(key_fields(x.bucket).values()),
                 "bucket": str(x.bucket),
                 "reason": x.reason,
                 "reachable": x.bucket in result.reachable,
@@ -100,7 +120,7 @@ def payload(result: AuditResult) -> dict[str, Any]:
         ],
         "controls_error": result.controls_error,
         "traffic": {
-            "scenarios_planned": len(result.scenarios),
+            "scenarios_planned": t.planned,
             "scenarios_run": t.scenarios,
             "steps": t.steps,
             "misses": t.misses,
@@ -121,13 +141,26 @@ def _fmt(x: float | None, unit: str) -> str:
 def markdown(p: dict[str, Any]) -> str:
     c, e, tot = p["config"], p["environment"], p["totals"]
     lines = md_title("audit", p["verdict"], p["fault"])
+    rt = p["runtime"]
+    sizes = f"block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']}"
+    if rt["design_contract"]:
+        config = f"Config: {sizes} pool={c['total_blocks']} batched_decode={c['batched_decode']}"
+        buckets = (
+            f"{tot['reachable']} reachable ({p['reachable_method']} walk of the contract), {tot['warmed']} warmed in "
+            f"{tot['warmup_compile_seconds']} s, {tot['hit']} hit by their warm graph, {tot['pruned']} pruned by the "
+            "runtime's bucketer"
+        )
+    else:
+        config = f"Runtime: {rt['name']} ({rt['factory']}), without the DESIGN contract. Config: {sizes}"
+        planned = sum(b["planned"] for b in p["buckets"])
+        buckets = (
+            f"{planned} in warm_plan(), {tot['warmed']} warmed in {tot['warmup_compile_seconds']} s, {tot['hit']} "
+            f"hit by their warm graph. Not run: {', '.join(p['not_run'])} (they need design_contract)"
+        )
     lines += [
-        f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
-        f"pool={c['total_blocks']} batched_decode={c['batched_decode']}",
+        config,
         f"Environment: torch {e['torch']}, {e['device']} ({e['device_name']}), backend {e['backend']}",
-        f"Buckets: {tot['reachable']} reachable ({p['reachable_method']} walk of the contract), {tot['warmed']} "
-        f"warmed in {tot['warmup_compile_seconds']} s, {tot['hit']} hit by their warm graph, {tot['pruned']} pruned "
-        "by the runtime's bucketer. Compiles after warmup: "
+        f"Buckets: {buckets}. Compiles after warmup: "
         f"{tot['compiles_after_warmup']}. Calls {tot['calls']}, graph hits {tot['graph_hits']}. "
         f"Median replay: {_fmt(tot['replay_median_us'], 'us')} over {p['replays']} calls a bucket.",
         "",
@@ -169,8 +202,9 @@ def markdown(p: dict[str, Any]) -> str:
         body = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["controls"]]
         lines += ["## Control calls", "", table(body, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
     t = p["traffic"]
+    unit = "scenarios" if rt["design_contract"] else "sweep groups"
     lines += [
-        f"Traffic: {t['scenarios_run']}/{t['scenarios_planned']} scenarios, {t['steps']} engine steps. "
+        f"Traffic: {t['scenarios_run']}/{t['scenarios_planned']} {unit}, {t['steps']} engine steps. "
         f"Stage seconds: {', '.join(f'{k} {v}' for k, v in p['seconds'].items())}.",
         "",
     ]

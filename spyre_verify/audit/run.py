@@ -8,9 +8,16 @@ prunes a reachable bucket fails here as a missed bucket. The bucketer's own prun
 is carried into the report as the runtime's output, shown but not judged.
 
 Stages, in order: warmup; preflight (one staging-buffer call per bucket under the
-`fail_on_recompile` stance); coverage traffic (compiles, calls and graph hits counted
-from the runtime's events, never aborting); replay timing; controls. Everything is
-recorded and the audit carries on, so the report names every bucket that went wrong.
+`fail_on_recompile` stance); coverage traffic (compiles from the runtime's events, calls
+and graph hits from its `kernel_accounts()`, never aborting); replay timing; controls.
+Everything is recorded and the audit carries on, so the report names every bucket that
+went wrong.
+
+The runtime is built through the protocol (`--runtime`). The walk, its coverage traffic
+and the heatmaps are DESIGN's, so they need `design_contract`; on another runtime they are
+reported as not run, the traffic is a sweep of the boundary lengths and crowds its own
+ladders report (`hunt.protocol_trace`), and each bucket of its `warm_plan()` is judged on
+its own: compiled once in warmup, reused wherever served, never compiled again.
 """
 
 from __future__ import annotations
@@ -18,108 +25,76 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from runtime.bucketer import Bucket, Pruned
 from runtime.config import RuntimeConfig
-from runtime.engine import Engine
-from runtime.events import CallEvent, CompileEvent, DispatchEvent, GraphHitEvent
 from runtime.warmup import Seams
+from spyre_verify.audit.accounts import CONTROLS, PREFLIGHT, REPLAY, TRAFFIC, WARMUP, AuditLog, BucketStats, counters
+from spyre_verify.bundled import BundledRuntime
+from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
+from spyre_verify.hunt.protocol_trace import Group, Refusals, items_of, shape_of, sweep
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders
 from spyre_verify.oracle.walk import reachable as walk_reachable
+from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
+from spyre_verify.serve_loop import DRAINED, serve
 from spyre_verify.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
 
-WARMUP, PREFLIGHT, TRAFFIC, REPLAY, CONTROLS = "warmup", "preflight", "traffic", "replay", "controls"
-
-
-@dataclass
-class BucketStats:
-    compile_seconds: float | None = None  # warmup's compile of this bucket; None: warmup compiled none
-    dispatches: int = 0  # traffic steps that dispatched here
-    calls: int = 0  # traffic kernel calls (one per layer per step)
-    hits: int = 0  # traffic calls a compiled graph served
-    own_hits: int = 0  # ... served by the graph warmup compiled for this very bucket
-    foreign_hits: int = 0  # ... served by a graph compiled for another bucket
-    foreign_from: set[Bucket] = field(default_factory=set)  # ... those other buckets
-    late_compiles: list[tuple[str, float]] = field(default_factory=list)  # (stage, seconds) after warmup
-    preflight: str | None = None  # "graph", "recompile" (the stance raised), "eager", or "error: ..."
-    replay_median_us: float | None = None
-    replay_error: str | None = None
-
-
-class AuditLog:
-    """Per-bucket accounting from the runtime's events, split by audit stage."""
-
-    def __init__(self) -> None:
-        self.stage = WARMUP
-        self.stats: defaultdict[Bucket, BucketStats] = defaultdict(BucketStats)
-        self.warm_graphs: set[tuple[str, int]] = set()
-        self.served = False  # set by any graph hit: tells a preflight call served by a graph from eager
-
-    def on_compile(self, ev: CompileEvent) -> None:
-        if self.stage == CONTROLS:  # the control calls' compiles are GraphReuse's to judge
-            return
-        st = self.stats[ev.bucket]
-        if self.stage == WARMUP:
-            self.warm_graphs.add((ev.kernel, ev.graph_id))
-            # Graphs compiled by one call share its wall time: keep it once.
-            st.compile_seconds = max(st.compile_seconds or 0.0, ev.seconds)
-        else:
-            st.late_compiles.append((self.stage, ev.seconds))
-
-    def on_graph_hit(self, ev: GraphHitEvent) -> None:
-        self.served = True
-        if self.stage != TRAFFIC:
-            return
-        st = self.stats[ev.bucket]
-        st.hits += 1
-        if ev.graph_bucket != ev.bucket:
-            st.foreign_hits += 1
-            st.foreign_from.add(ev.graph_bucket)
-        elif (ev.kernel, ev.graph_id) in self.warm_graphs:
-            st.own_hits += 1
-
-    def on_call(self, ev: CallEvent) -> None:
-        if self.stage == TRAFFIC:
-            self.stats[ev.bucket].calls += 1
-
-    def on_dispatch(self, ev: DispatchEvent) -> None:
-        if self.stage == TRAFFIC:
-            self.stats[ev.bucket].dispatches += 1
+CONTRACT = "design_contract"
+# What needs DESIGN's contract, and is reported as not run on a runtime without it.
+NOT_RUN = {
+    "reachable_set": "the oracle's walk needs design_contract; buckets are judged against warm_plan() instead",
+    "coverage_traffic": "the walk's witnesses need design_contract; the traffic sweeps the runtime's own ladders",
+    "heatmaps": "drawn on the bundled runtime's decode keys: they need design_contract",
+}
 
 
 @dataclass
 class Traffic:
-    scenarios: int = 0  # scenarios that ran to completion
+    scenarios: int = 0  # scenarios (sweep groups, without the contract) that ran to completion
     steps: int = 0
     seconds: float = 0.0
-    misses: list[str] = field(default_factory=list)  # witnesses the engine did not follow to their target
+    misses: list[str] = field(default_factory=list)  # witnesses the engine did not follow; groups left busy
     crash: str | None = None  # the scenario that raised; the engine is not trusted after it
     not_run: int = 0
+    planned: int = 0  # scenarios (or sweep groups) planned
 
 
 @dataclass
 class AuditResult:
-    config: RuntimeConfig
+    config: RuntimeConfig  # the CLI's, which the runtime was built from
     fault: str | None
     replays: int
-    ladders: dict[str, tuple[int, ...]]  # the runtime's bucketer's, shown
-    expected_ladders: dict[str, tuple[int, ...]]  # the oracle's, from the config
-    reachable: frozenset[Bucket]  # the oracle's walk
-    reachable_method: str  # "exhaustive", or "sampled" above the walk's state budget
-    pruned: list[Pruned]  # the bucketer's pruning with its reasons: shown, not judged
+    ladders: dict[str, tuple[int, ...]]  # the runtime's own (`ladders()`), shown
+    expected_ladders: dict[str, tuple[int, ...]]  # the oracle's, from the config; empty without the contract
+    reachable: frozenset[Bucket]  # the oracle's walk; empty without the contract
+    reachable_method: str  # "exhaustive", "sampled" above the walk's state budget, or "not run"
+    pruned: list[Pruned]  # the bundled bucketer's pruning with its reasons: shown, not judged
     scenarios: tuple[Scenario, ...]
     stats: dict[Bucket, BucketStats]
     traffic: Traffic
     controls: list[ControlResult]
     controls_error: str | None
     seconds: dict[str, float]
+    runtime: str = "bundled"  # its name
+    factory: str = BUNDLED_FACTORY
+    capabilities: frozenset[str] = frozenset({CONTRACT})
+    planned: frozenset[Any] = frozenset()  # warm_plan(): what warmup must compile, and nothing else
+    runtime_config: Any = None  # the runtime's own view of its config (its sizes and vocabulary)
+
+    @property
+    def contract(self) -> bool:
+        return CONTRACT in self.capabilities
+
+    @property
+    def not_run(self) -> dict[str, str]:
+        return {} if self.contract else dict(NOT_RUN)
 
 
 def _first_line(e: BaseException) -> str:
@@ -127,20 +102,20 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def _preflight(engine: Engine, buckets: list[Bucket], log: AuditLog) -> None:
+def _preflight(engine: Any, buckets: list[Bucket], log: AuditLog) -> None:
     """One staging-buffer call per bucket under the stance: would serving have compiled?"""
     for b in buckets:
-        log.served = False
+        before = sum(counters(engine)[1].values())
         try:
             with torch.compiler.set_stance(STANCE_MARK):
-                engine.attention.call(b, engine.attention.args_for(b))
-            log.stats[b].preflight = "graph" if log.served else "eager"
+                engine.preflight_call(b)
+            log.stats[b].preflight = "graph" if sum(counters(engine)[1].values()) > before else "eager"
         except Exception as e:  # a refused call touches no engine state: record and go on
             log.stats[b].preflight = "recompile" if is_stance_error(e) else f"error: {_first_line(e)}"
 
 
-def _traffic(engine: Engine, scenarios: tuple[Scenario, ...], progress: Progress) -> Traffic:
-    out, t0, start = Traffic(), time.perf_counter(), engine.steps
+def _traffic(engine: Any, scenarios: tuple[Scenario, ...], progress: Progress) -> Traffic:
+    out, t0, start = Traffic(planned=len(scenarios)), time.perf_counter(), engine.steps
     limit = step_limit(engine.config)
     for i, sc in enumerate(scenarios):
         try:
@@ -157,20 +132,40 @@ def _traffic(engine: Engine, scenarios: tuple[Scenario, ...], progress: Progress
     return out
 
 
-def _replay(engine: Engine, buckets: list[Bucket], k: int, log: AuditLog) -> None:
-    """Median wall time of k calls of each bucket's graph on its staging-buffer views."""
-    device = engine.config.device
+def _sweep(engine: Any, plan: list[Group], progress: Progress) -> Traffic:
+    """Without the contract: each group of the runtime's own boundary sweep, served until it drains."""
+    out, t0, start = Traffic(planned=len(plan)), time.perf_counter(), engine.steps
+    shape, guard = shape_of(engine), Refusals(engine)
+    for i, g in enumerate(plan):
+        items = items_of(shape, [g])
+        try:
+            stats = serve(guard, items, on_rejected=lambda a, e: None, max_steps=g.crowd * (g.max_tokens + 1) + 4)
+        except Exception as e:  # mid-step: the engine's state is no longer trusted
+            out.crash = f"the sweep group {g}: {_first_line(e)}"
+            out.not_run = len(plan) - i - 1
+            progress(f"traffic: sweep group {g} crashed; {out.not_run} groups not run")
+            break
+        out.scenarios += 1
+        if stats.stopped != DRAINED:
+            out.misses.append(f"the sweep group {g}: the runtime did not drain ({stats.stopped})")
+            break  # requests are left in it: later groups would not start from an idle runtime
+    out.misses += [f"{kind}: {message}" for kind, message in guard.problems]
+    out.steps, out.seconds = engine.steps - start, time.perf_counter() - t0
+    return out
+
+
+def _replay(engine: Any, buckets: list[Bucket], k: int, log: AuditLog, device: str) -> None:
+    """Median wall time of k preflight calls of each bucket's graph, on its staging-buffer views."""
     # On CUDA a call only queues kernels: wait for the device on both sides of each timing.
     sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
     for b in buckets:
         try:
-            args = engine.attention.args_for(b)
-            engine.attention.call(b, args)  # untimed: first-call costs stay out of the median
+            engine.preflight_call(b)  # untimed: first-call costs stay out of the median
             times = []
             for _ in range(k):
                 sync()
                 t0 = time.perf_counter()
-                engine.attention.call(b, args)
+                engine.preflight_call(b)
                 sync()
                 times.append(time.perf_counter() - t0)
             log.stats[b].replay_median_us = statistics.median(times) * 1e6
@@ -178,7 +173,7 @@ def _replay(engine: Engine, buckets: list[Bucket], k: int, log: AuditLog) -> Non
             log.stats[b].replay_error = _first_line(e)
 
 
-def _controls(engine: Engine, checker: GraphReuse) -> tuple[list[ControlResult], str | None]:
+def _controls(engine: Any, checker: GraphReuse) -> tuple[list[ControlResult], str | None]:
     """The control calls through the serving path; `checker`'s counter must be the engine's backend wrapper."""
     checker.attach(engine)
     try:
@@ -197,74 +192,101 @@ def run_audit(
     fault: str | None = None,
     progress: Progress | None = None,
     scenarios: Sequence[Scenario] | None = None,
+    runtime: str = BUNDLED_FACTORY,
 ) -> AuditResult:
-    """The whole audit; `scenarios` replaces the walk's coverage traffic (for custom traffic)."""
+    """The whole audit of the runtime `runtime` (a factory) names; `scenarios` replaces the walk's
+    coverage traffic (for custom traffic). For another runtime, `fault` is one of its own."""
     say = progress or (lambda _m: None)
     torch._dynamo.reset()  # a fresh compile state: earlier engines in this process share Dynamo's config
     dynamo_log = logging.getLogger("torch._dynamo")
     level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # the audit reports recompiles and fallbacks itself
     try:
-        planned = tuple(scenarios) if scenarios is not None else tuple(coverage_scenarios(config))
-        return _run(config, seams, replays, fault, say, planned)
+        return _run(config, seams, replays, fault, say, scenarios, runtime)
     finally:
         dynamo_log.setLevel(level)
 
 
+def _pruned(engine: Any) -> list[Pruned]:
+    """The bundled bucketer's own pruning and reasons, shown, not judged; no other runtime has one."""
+    return engine.bucketer.pruned() if isinstance(engine, BundledRuntime) else []
+
+
 def _run(
-    config: RuntimeConfig, seams: Seams, replays: int, fault: str | None, say: Progress, scenarios: tuple[Scenario, ...]
+    config: RuntimeConfig,
+    seams: Seams,
+    replays: int,
+    fault: str | None,
+    say: Progress,
+    custom: Sequence[Scenario] | None,
+    runtime: str,
 ) -> AuditResult:
     seconds: dict[str, float] = {}
-    found = walk_reachable(config)
-    reachable = found.buckets
-    say(f"reachable ({found.method} walk): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
     graph = GraphReuse()  # first: the engine compiles through its counting backend
-    engine, log = Engine(config, seams, wrap_backend=graph.counter.wrap), AuditLog()
+    own_fault = None if runtime == BUNDLED_FACTORY else fault  # a bundled fault is applied by the caller
+    engine, log = open_runtime(runtime, settings_for(config, graph.counter.wrap, own_fault, seams)), AuditLog()
+    contract = CONTRACT in engine.capabilities
+    scenarios: tuple[Scenario, ...] = ()
+    sweep_plan: list[Group] = []
+    if contract:
+        found = walk_reachable(config)
+        reachable, method = found.buckets, found.method
+        scenarios = tuple(custom) if custom is not None else tuple(coverage_scenarios(config))
+        say(f"reachable ({method} walk): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
+    else:
+        reachable, method = frozenset(), "not run"
+        sweep_plan = sweep(shape_of(engine))
+        say(f"{engine.name}: no DESIGN contract; judging warm_plan(); traffic: {len(sweep_plan)} sweep groups")
+    planned = frozenset(engine.warm_plan())
     engine.subscribe(log)
     t0 = time.perf_counter()
-    say(f"warmup: compiling {len(engine.recorder.plan())} graphs with {config.backend} on {config.device}")
+    say(f"warmup: compiling {len(planned)} graphs with {config.backend} on {config.device}")
     try:
         engine.warmup(lambda i, n, b: say(f"warmup: {i}/{n} {b}"))
     except Exception as e:  # the runtime under test crashed: a failed audit, not an internal error
         seconds[WARMUP] = time.perf_counter() - t0
         say(f"warmup crashed: {_first_line(e)}")
-        traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios))
+        traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios) or len(sweep_plan))
         controls: list[ControlResult] = []
         controls_error: str | None = "not run: warmup crashed"
     else:
         seconds[WARMUP] = time.perf_counter() - t0
-        warmed = sorted(b for b, st in log.stats.items() if st.compile_seconds is not None)
+        warmed = ordered(b for b, st in log.stats.items() if st.compile_seconds is not None)
         log.stage, t0 = PREFLIGHT, time.perf_counter()
-        _preflight(engine, sorted(reachable | set(warmed)), log)
+        _preflight(engine, ordered((reachable if contract else planned) | set(warmed)), log)
         seconds[PREFLIGHT] = time.perf_counter() - t0
-        log.stage = TRAFFIC
-        say(f"traffic: {len(scenarios)} scenarios")
-        traffic = _traffic(engine, scenarios, say)
+        log.stage, before = TRAFFIC, counters(engine)
+        say(f"traffic: {len(scenarios)} scenarios" if contract else f"traffic: {len(sweep_plan)} sweep groups")
+        traffic = _traffic(engine, scenarios, say) if contract else _sweep(engine, sweep_plan, say)
+        log.settle(before, counters(engine))
         seconds[TRAFFIC] = traffic.seconds
         log.stage, t0 = REPLAY, time.perf_counter()
         say(f"replay: {replays} timed calls of each of {len(warmed)} warm graphs")
-        _replay(engine, warmed, replays, log)
+        _replay(engine, warmed, replays, log, config.device)
         seconds[REPLAY] = time.perf_counter() - t0
         log.stage, t0 = CONTROLS, time.perf_counter()
         controls, controls_error = _controls(engine, graph)
         seconds[CONTROLS] = time.perf_counter() - t0
     finally:
         engine.close()  # puts back the Dynamo limits it set
-    stats = dict(log.stats)
-    b = engine.bucketer
     return AuditResult(
         config,
         fault,
         replays,
-        b.ladders(),
-        expected_ladders(config).as_dict(),
+        dict(engine.ladders()),
+        expected_ladders(config).as_dict() if contract else {},
         reachable,
-        found.method,
-        b.pruned(),
+        method,
+        _pruned(engine),
         scenarios,
-        stats,
+        dict(log.stats),
         traffic,
         controls,
         controls_error,
         seconds,
+        engine.name,
+        runtime,
+        frozenset(engine.capabilities),
+        planned,
+        engine.config,
     )

@@ -2,18 +2,23 @@
 failures, each a sentence that names the bucket (or the control) it is about.
 
 A bucket is reachable when the oracle's walk reaches it (`AuditResult.reachable`);
-what the bucketer planned or pruned is never the yardstick."""
+what the bucketer planned or pruned is never the yardstick. A runtime without the DESIGN
+contract has no walk: each bucket is judged against its own `warm_plan()`, which warmup
+must compile exactly once and nothing else, and whose graphs must serve every call."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from runtime.bucketer import Bucket
-from spyre_verify.audit.run import AuditResult, BucketStats
+from spyre_verify.audit.accounts import BucketStats
+from spyre_verify.audit.run import AuditResult
+from spyre_verify.checks.describe import ordered
 
 # Heatmap categories: how a bucket's cell is coloured.
 HIT, NEVER_HIT, PRUNED, MISSED = "warmed-and-hit", "warmed-never-hit", "pruned", "missed"
-PASSING = ("hit", "extra")
+PASSING = ("hit", "extra", "unserved")  # unserved: warm, served its preflight, no traffic reached it
 
 
 @dataclass(frozen=True)
@@ -21,8 +26,10 @@ class Row:
     bucket: Bucket
     reachable: bool
     stats: BucketStats
-    status: str  # hit, extra, missed, recompiled, foreign-graph, eager-fallback, never-hit, unwarmed-dispatch
+    status: str  # hit, extra, unserved, missed, recompiled, foreign-graph, eager-fallback, never-hit,
+    # unwarmed-dispatch; without the contract also unplanned-compile, graphs-per-bucket
     problem: str  # one sentence; empty when the status passes
+    planned: bool = False  # in warm_plan(): the yardstick without the contract (never set with it)
 
     @property
     def warmed(self) -> bool:
@@ -34,7 +41,7 @@ class Row:
             return HIT
         if self.warmed:
             return NEVER_HIT
-        return MISSED if self.reachable or self.stats.dispatches else PRUNED
+        return MISSED if self.reachable or self.planned or self.stats.dispatches else PRUNED
 
 
 def _names(st: BucketStats) -> str:
@@ -62,6 +69,37 @@ def judge(bucket: Bucket, st: BucketStats, reachable: bool) -> tuple[str, str]:
         )
     if not warmed:
         return "missed", f"reachable by the walk, but warmup compiled no graph for it; {_served_how(st)}"
+    reuse = _reuse(st)
+    if reuse is not None:
+        return reuse
+    if reachable and not st.own_hits:
+        return "never-hit", "reachable and warmed, but no traffic call was served by its graph"
+    return ("hit", "") if reachable else ("extra", "")
+
+
+def judge_planned(bucket: Any, st: BucketStats, planned: bool) -> tuple[str, str]:
+    """(status, problem) of one bucket of a runtime without the contract, against its warm_plan()."""
+    if st.compile_seconds is None:
+        if planned:
+            return "missed", f"warm_plan() lists it, but warmup compiled no graph for it; {_served_how(st)}"
+        return "unwarmed-dispatch", (
+            f"traffic dispatched here ({st.dispatches} steps), but warm_plan() does not list it and warmup "
+            f"compiled no graph; {_served_how(st)}"
+        )
+    if not planned:
+        return "unplanned-compile", "warmup compiled a graph for it, but warm_plan() does not list it"
+    if st.warmup_graphs > 1:
+        return "graphs-per-bucket", f"warmup compiled {st.warmup_graphs} graphs for it; expected exactly one"
+    reuse = _reuse(st)
+    if reuse is not None:
+        return reuse
+    if st.dispatches and not st.own_hits:
+        return "never-hit", f"traffic dispatched here ({st.dispatches} steps), but no call was served by its graph"
+    return ("hit", "") if st.own_hits else ("unserved", "")
+
+
+def _reuse(st: BucketStats) -> tuple[str, str] | None:
+    """A warmed bucket whose warm graph was not what served it: (status, problem), else None."""
     if st.late_compiles:
         where = sorted({stage for stage, _ in st.late_compiles})
         secs = sum(s for _, s in st.late_compiles)
@@ -84,13 +122,18 @@ def judge(bucket: Bucket, st: BucketStats, reachable: bool) -> tuple[str, str]:
             "eager-fallback",
             f"{st.calls} calls but {st.hits} graph hits: the rest ran eagerly (recompile_limit fallback?)",
         )
-    if reachable and not st.own_hits:
-        return "never-hit", "reachable and warmed, but no traffic call was served by its graph"
-    return ("hit", "") if reachable else ("extra", "")
+    return None
 
 
 def rows(result: AuditResult) -> list[Row]:
-    """Every bucket that is reachable, was warmed, or saw traffic; controls are not buckets."""
+    """Every bucket that is reachable (planned, without the contract), was warmed, or saw traffic;
+    controls are not buckets."""
+    if not getattr(result, "contract", True):
+        out = []
+        for b in ordered(result.planned | set(result.stats)):
+            st = result.stats.get(b, BucketStats())
+            out.append(Row(b, False, st, *judge_planned(b, st, b in result.planned), planned=b in result.planned))
+        return out
     out = []
     for b in sorted(result.reachable | set(result.stats)):
         st = result.stats.get(b, BucketStats())
@@ -102,6 +145,22 @@ def rows(result: AuditResult) -> list[Row]:
 def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
     """The verdict's conditions; the audit passes only when every one holds."""
     controls = result.controls
+    if not getattr(result, "contract", True):  # a result that does not say is the bundled runtime's
+        return {
+            "zero_compiles_after_warmup": all(
+                not r.stats.late_compiles and r.stats.preflight != "recompile" for r in table
+            ),
+            "warm_plan_compiled_once": all(r.planned == r.warmed and r.stats.warmup_graphs <= 1 for r in table),
+            "every_served_bucket_hit": all(
+                r.stats.own_hits and not r.stats.foreign_hits for r in table if r.stats.dispatches
+            ),
+            "calls_equal_graph_hits": all(
+                r.stats.calls == r.stats.hits and r.stats.preflight != "eager" for r in table
+            ),
+            "controls_detected": len(controls) >= 2 and all(c.detected for c in controls) and not result.controls_error,
+            "traffic_completed": result.traffic.crash is None,
+            "something_served": any(r.stats.own_hits for r in table),
+        }
     return {
         "zero_compiles_after_warmup": all(
             not r.stats.late_compiles and r.stats.preflight != "recompile" for r in table
@@ -118,7 +177,8 @@ def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
 def failures(result: AuditResult, table: list[Row]) -> list[str]:
     out = [f"{r.bucket}: {r.status}: {r.problem}" for r in table if r.status not in PASSING]
     out += [f"{r.bucket}: replay failed: {r.stats.replay_error}" for r in table if r.stats.replay_error]
-    out += [f"{m} (the engine left the contract)" for m in result.traffic.misses]
+    left = " (the engine left the contract)" if getattr(result, "contract", True) else ""
+    out += [f"{m}{left}" for m in result.traffic.misses]
     if result.traffic.crash:
         out.append(f"the runtime crashed in {result.traffic.crash}; {result.traffic.not_run} scenarios not run")
     for c in result.controls:

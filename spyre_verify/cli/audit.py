@@ -1,6 +1,10 @@
 """`spyre-verify audit`: the on-device graph-reuse audit. Compile every bucket with the
 production backend, touch every reachable bucket with planned traffic, time each warm
-graph, prove the check can fail, and write JSON, Markdown and heatmaps."""
+graph, prove the check can fail, and write JSON, Markdown and heatmaps.
+
+`--runtime` audits another runtime through the protocol (it must offer compile_accounting
+and control_calls); `--fault` is then one of its own faults. Without the DESIGN contract
+the walk, its traffic and the heatmaps are reported as not run (`audit.run`)."""
 
 from __future__ import annotations
 
@@ -19,8 +23,12 @@ from spyre_verify.audit.run import run_audit
 from spyre_verify.cli.args import Count
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
+from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
+from spyre_verify.runtimes import Probe, probe
+
+NEEDS = frozenset({"compile_accounting", "control_calls"})  # what the audit counts and proves with
 
 DEFAULT_REPLAYS = 20
 
@@ -41,10 +49,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--fault",
-        choices=faults.CATALOG,
         metavar="FAULT",
         default=faults.from_env(),
-        help=f"audit under a seeded fault ({faults.FAULT_ENV}): %(choices)s",
+        help=f"audit under one of the runtime's seeded faults ({faults.FAULT_ENV}); bundled: "
+        f"{', '.join(faults.CATALOG)}",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
@@ -65,21 +73,40 @@ def pick_device(choice: str) -> str:
     return "cpu"
 
 
+def check_runtime(rt: Probe, fault: str | None) -> None:
+    """A runtime the audit cannot count, or a fault it does not ship, is a UsageError (exit 2)."""
+    lacking = sorted(NEEDS - rt.capabilities)
+    if lacking:
+        raise UsageError(f"the audit counts and proves with {', '.join(lacking)}, which {rt.name} does not offer")
+    if fault is not None and fault not in rt.faults:
+        raise UsageError(f"unknown fault {fault!r}; choose one of {rt.name}'s: {', '.join(rt.faults) or '(none)'}")
+
+
 def run(args: argparse.Namespace) -> int:
-    fault = faults.get(args.fault) if args.fault else None  # SPYRE_VERIFY_FAULT, which argparse does not check
     config = config_from_args(args)
     config = config.with_(device=pick_device(args.device))
+    rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
+    if rt.bundled:
+        fault = faults.get(args.fault) if args.fault else None  # also SPYRE_VERIFY_FAULT, which argparse does not check
+    else:
+        check_runtime(rt, args.fault)
+        fault = None
     seams = Seams()
     if fault is not None:
         say(f"auditing under fault {fault.name}: {fault.description}")
         config, seams = fault.apply(config)
+    elif args.fault:
+        say(f"auditing {rt.name} under its fault {args.fault}: {rt.faults[args.fault]} must catch it")
     single_thread()
-    with faults.active(args.fault):  # a fault patched into the runtime's code holds for the whole audit
-        result = run_audit(config, seams, args.replays, args.fault, say)
+    with faults.active(args.fault if rt.bundled else None):  # a bundled fault patched into its code holds throughout
+        result = run_audit(config, seams, args.replays, args.fault, say, runtime=rt.target)
     p = payload(result)
-    name = f"audit-{args.fault}" if args.fault else "audit"
-    pngs = write_heatmaps(p, args.out, name)
-    if pngs is None:
+    stem = "audit" if rt.bundled else f"audit-{rt.name}"
+    name = f"{stem}-{args.fault}" if args.fault else stem
+    pngs = write_heatmaps(p, args.out, name) if result.contract else []
+    if not result.contract:
+        say(f"heatmaps not run: {p['not_run']['heatmaps']}")
+    elif pngs is None:
         say("heatmap skipped: matplotlib is not installed (pip install 'spyre-verify[plot]')")
     else:
         p["heatmaps"] = [x.name for x in pngs]  # relative to the report directory

@@ -188,6 +188,8 @@ class Finding:
         return "\n".join([f"def {name}():", *(f"    {line}" for line in lines)])
 
     def _test_lines(self) -> list[str] | None:
+        if self.prop not in CHECKS:  # the protocol property's runtime is built per hunt: its reproducer is the hunt
+            return None
         check, d = CHECKS[self.prop], self.details
         importing = f"from spyre_verify.hunt.properties import {check}"
         if self.prop == "config":

@@ -16,7 +16,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
 from spyre_verify.hunt.database import open_database
 from spyre_verify.hunt.findings import Finding, crash, from_runtime
-from spyre_verify.hunt.properties import PROPERTIES
+from spyre_verify.hunt.properties import PROPERTIES, Property
+from spyre_verify.hunt.protocol_property import CHECKS as PROTOCOL_CHECKS
+from spyre_verify.hunt.protocol_property import PROTOCOL, ProtocolHunt
+from spyre_verify.hunt.quiet import quiet, quiet_gc
 from spyre_verify.messages import Progress, say
 from spyre_verify.profiles import get_settings
 
@@ -35,6 +38,8 @@ class HuntPlan:
     properties: tuple[str, ...] = tuple(PROPERTIES)
     worker: int = 0
     progress_every: float = 5.0  # seconds between progress lines
+    runtime: str | None = None  # a factory (module:attr) for the protocol property; None: the bundled runtime
+    config: Any = None  # the CLI's RuntimeConfig, whose sizes the protocol property's runtime is built with
 
 
 @dataclass
@@ -56,7 +61,7 @@ class PropertyRun:
     def to_dict(self) -> dict[str, Any]:
         return {
             "property": self.name,
-            "checks": PROPERTIES[self.name].checks,
+            "checks": PROPERTIES[self.name].checks if self.name in PROPERTIES else PROTOCOL_CHECKS,
             "examples": self.examples,
             "seconds": round(self.seconds, 3),
             "throughput": round(self.throughput, 1),
@@ -106,8 +111,31 @@ def hunt_settings(plan: HuntPlan) -> settings:
     )
 
 
+def property_for(name: str, plan: HuntPlan) -> Property | ProtocolHunt | Finding:
+    """One of PROPERTIES, or the protocol property bound to a freshly built and warmed runtime
+    (a finding when the runtime raised as it was built or warmed up)."""
+    if name == PROTOCOL:
+        assert plan.runtime is not None, "the protocol property needs a runtime"
+        return ProtocolHunt.start(plan.runtime, plan.config, plan.fault)
+    return PROPERTIES[name]
+
+
 def run_property(name: str, plan: HuntPlan, say: Say | None = None) -> PropertyRun:
-    prop, run = PROPERTIES[name], PropertyRun(name)
+    if say and name == PROTOCOL:
+        say(f"{name}: building and warming up {plan.runtime}")
+    prop, run = property_for(name, plan), PropertyRun(name)
+    if isinstance(prop, Finding):  # the runtime raised while it was built or warmed up
+        run.findings = [prop.to_dict()]
+        return run
+    try:
+        return _run_property(prop, run, plan, say)
+    finally:
+        if isinstance(prop, ProtocolHunt):
+            prop.close()
+
+
+def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPlan, say: Say | None) -> PropertyRun:
+    name = run.name
     start = last = time.perf_counter()
     cpu = time.process_time()
     who = f"worker {plan.worker}: " if plan.worker else ""
@@ -123,15 +151,21 @@ def run_property(name: str, plan: HuntPlan, say: Say | None = None) -> PropertyR
         if found:
             raise error_for(found[0])
 
-    # The database key: the same property under another fault is another test.
-    case._hypothesis_internal_add_digest = f"spyre-verify hunt {name} fault={plan.fault}".encode()  # type: ignore[attr-defined]
+    # The database key: the same property under another fault (or on another runtime) is another test.
+    key = f"spyre-verify hunt {name} fault={plan.fault}"
+    if plan.runtime is not None:
+        c = plan.config
+        key += f" runtime={plan.runtime} sizes={c.block_size},{c.max_model_len},{c.max_num_seqs}"
+    case._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
     test = settings(hunt_settings(plan))(given(prop.cases(plan.fault))(case))
     if plan.seed is not None:
         # What @seed sets, without the database=None that @seed adds: a seeded hunt must
         # still replay and save failures.
         test._hypothesis_internal_use_seed = plan.seed  # type: ignore[attr-defined]
     try:
-        test()
+        # A fresh runtime's property (protocol) keeps numpy's generator managed: its code is not ours.
+        with quiet() if isinstance(prop, Property) else quiet_gc():
+            test()
     except Exception as e:
         leaves = _leaves(e)
         # A property body turns the runtime's exceptions into findings itself; one that
