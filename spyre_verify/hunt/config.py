@@ -15,98 +15,111 @@ from hypothesis import strategies as st
 from runtime.config import ENV_BACKEND, ENV_BATCH_TKV, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify.hunt.findings import Finding, from_runtime
-from spyre_verify.hunt.strategies import BLOCK_SIZES, BOOLS, draw_kv_override, ints
+from spyre_verify.hunt.strategies import BLOCK_SIZES, draw_kv_override
+from spyre_verify.hunt.tape import Choices, Draw, Tape, choices, tape_cases
 from spyre_verify.oracle import accept
 
 # -- raw config input ---------------------------------------------------------------------------
 # A valid config with at most one field pushed to (or past) the edge of its rule: a bug in
 # one rule then shows alone, not masked by another rule the same input breaks.
-_EDGE_SIZES = st.sampled_from((0, -4, 3, 6, 12, True, 4.0))
-_EDGE_COUNTS = st.sampled_from((0, -1, 4096, 4097, True))
-_EDGE_POOLS = st.sampled_from((0, -1, 1 << 22, (1 << 22) + 1))
-_FLAGS = st.sampled_from(("0", "1", " 1", "0 "))
-_EDGE_FLAGS = st.sampled_from(("2", "true", "", "01", "-1", "1", " 0"))
-_BACKENDS = st.sampled_from(("eager", "aot_eager", "inductor", " eager"))
-_EDGE_BACKENDS = st.sampled_from(("cuda", "Eager", "", " eager", "inductor\t", "aot-eager"))
-_JUNK = st.sampled_from(("", " ", "a", "+{}", "0{}", "{}.0", "-{}", "{} ", "0000000000000000000{}", "{}{}"))
+_EDGE_SIZES: tuple[Any, ...] = (0, -4, 3, 6, 12, True, 4.0)
+_EDGE_COUNTS: tuple[Any, ...] = (0, -1, 4096, 4097, True)
+_EDGE_POOLS: tuple[Any, ...] = (0, -1, 1 << 22, (1 << 22) + 1)
+_FLAGS: tuple[Any, ...] = ("0", "1", " 1", "0 ")
+_EDGE_FLAGS: tuple[Any, ...] = ("2", "true", "", "01", "-1", "1", " 0")
+_BACKENDS: tuple[Any, ...] = ("eager", "aot_eager", "inductor", " eager")
+_EDGE_BACKENDS: tuple[Any, ...] = ("cuda", "Eager", "", " eager", "inductor\t", "aot-eager")
+_JUNK: tuple[Any, ...] = ("", " ", "a", "+{}", "0{}", "{}.0", "-{}", "{} ", "0000000000000000000{}", "{}{}")
 # The volumetric limit: its env text near the rule (a positive integer; blanks around it are
 # ignored as for every SPYRE_* value), and kwargs that are not positive ints.
-_LIMIT_TEXTS = st.sampled_from(("{}", " {}", "{} ", "0{}", "{}\n"))
-_EDGE_LIMIT_TEXTS = st.sampled_from(
-    ("0", "-1", "", " ", "-{}", "+{}", "{}.0", "1e3", "{} {}", "0x10", "\u0663", "9" * 19)
-)
-_EDGE_LIMITS = st.sampled_from((0, -1, True, False, 4.0, "20", None))
+_LIMIT_TEXTS: tuple[Any, ...] = ("{}", " {}", "{} ", "0{}", "{}\n")
+_EDGE_LIMIT_TEXTS = ("0", "-1", "", " ", "-{}", "+{}", "{}.0", "1e3", "{} {}", "0x10", "\u0663", "9" * 19)
+_EDGE_LIMITS: tuple[Any, ...] = (0, -1, True, False, 4.0, "20", None)
 DEFECTS = ("none", "block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv", "batched", "backend", "tkv_limit")
 
 
-def draw_raw_rungs(draw: st.DrawFn, bs: int, top: int) -> str:
+def pick(ch: Choices, options: tuple[Any, ...]) -> Any:
+    """One of `options`, shrinking toward the first (as `st.sampled_from`)."""
+    return options[ch.between(0, len(options) - 1)]
+
+
+def draw_raw_rungs(draw: Draw, bs: int, top: int) -> str:
     """A KV override near validity: block multiples up to one past the top, now and then a
     non-multiple, a repeat, a missing top, a malformed piece or rungs out of order."""
+    ch = choices(draw)
     parts = []
-    for _ in range(draw(ints(0, 4))):
-        r = draw(ints(0, top + 1)) * bs + (draw(ints(0, 1)) if draw(ints(0, 7)) == 0 else 0)
-        parts.append((r, str(r) if draw(ints(0, 3)) else draw(_JUNK).format(r, r)))
-    if draw(ints(0, 3)):
-        parts.insert(draw(ints(0, len(parts))), (top * bs, str(top * bs)))
-    if draw(ints(0, 3)):  # mostly increasing, so that a bug in another rule shows alone
+    for _ in range(ch.between(0, 4)):
+        r = ch.between(0, top + 1) * bs + (ch.between(0, 1) if ch.between(0, 7) == 0 else 0)
+        parts.append((r, str(r) if ch.between(0, 3) else pick(ch, _JUNK).format(r, r)))
+    if ch.between(0, 3):
+        parts.insert(ch.between(0, len(parts)), (top * bs, str(top * bs)))
+    if ch.between(0, 3):  # mostly increasing, so that a bug in another rule shows alone
         parts.sort(key=lambda part: part[0])
     return ",".join(text for _, text in parts)
 
 
-def draw_raw_config(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, str]]:
-    defect = DEFECTS[draw(ints(0, len(DEFECTS) - 1))]
-    bs = draw(_EDGE_SIZES) if defect == "block_size" else BLOCK_SIZES[draw(ints(0, len(BLOCK_SIZES) - 1))]
+def draw_raw_config(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
+    ch = choices(draw)
+    defect = pick(ch, DEFECTS)
+    bs = pick(ch, _EDGE_SIZES) if defect == "block_size" else pick(ch, BLOCK_SIZES)
     good = bs if type(bs) is int and bs > 0 else 4  # what the other fields are drawn for
     # max_model_len must exceed block_size (room for one padded prompt and a token): L = bs is an edge.
     edges = (0, -1, good, good + 1, 8192 * good, 8192 * good + 1)
-    L = draw(st.sampled_from(edges)) if defect == "max_model_len" else draw(ints(good + 1, 64))
-    S = draw(_EDGE_COUNTS) if defect == "max_num_seqs" else draw(ints(1, 8))
+    L = pick(ch, edges) if defect == "max_model_len" else ch.between(good + 1, 64)
+    S = pick(ch, _EDGE_COUNTS) if defect == "max_num_seqs" else ch.between(1, 8)
     kwargs: dict[str, Any] = {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "backend": "eager"}
     per_seq = -(-L // good) if type(L) is int and L > 0 else 1
     if defect == "num_blocks":  # the legal minimum, one or two below it, or a size limit
-        kwargs["num_blocks"] = draw(_EDGE_POOLS) if draw(ints(0, 3)) == 0 else per_seq + 1 - draw(ints(0, 2))
-    elif draw(BOOLS):
-        kwargs["num_blocks"] = per_seq + 1 + draw(ints(0, 3 * per_seq))
+        kwargs["num_blocks"] = pick(ch, _EDGE_POOLS) if ch.between(0, 3) == 0 else per_seq + 1 - ch.between(0, 2)
+    elif ch.flag():
+        kwargs["num_blocks"] = per_seq + 1 + ch.between(0, 3 * per_seq)
     env: dict[str, str] = {}
     if defect == "kv":
-        env[ENV_KV_BUCKETS] = draw_raw_rungs(draw, good, per_seq)
-    elif draw(BOOLS):
-        env[ENV_KV_BUCKETS] = draw_kv_override(draw, good, max(L, 1) if type(L) is int else 1)
-    if defect == "batched" or not draw(ints(0, 3)):
-        env[ENV_BATCHED_DECODE] = draw(_EDGE_FLAGS if defect == "batched" else _FLAGS)
-    if defect == "backend" or not draw(ints(0, 3)):
-        env[ENV_BACKEND] = draw(_EDGE_BACKENDS if defect == "backend" else _BACKENDS)
+        env[ENV_KV_BUCKETS] = draw_raw_rungs(ch, good, per_seq)
+    elif ch.flag():
+        env[ENV_KV_BUCKETS] = draw_kv_override(ch, good, max(L, 1) if type(L) is int else 1)
+    if defect == "batched" or not ch.between(0, 3):
+        env[ENV_BATCHED_DECODE] = pick(ch, _EDGE_FLAGS if defect == "batched" else _FLAGS)
+    if defect == "backend" or not ch.between(0, 3):
+        env[ENV_BACKEND] = pick(ch, _EDGE_BACKENDS if defect == "backend" else _BACKENDS)
     # Arguments the env may override: DESIGN's env wins over an argument, whichever is set.
-    if not draw(ints(0, 3)):
-        kwargs["batched_decode"] = draw(BOOLS)
-    if not draw(ints(0, 3)):
+    if not ch.between(0, 3):
+        kwargs["batched_decode"] = ch.flag()
+    if not ch.between(0, 3):
         top = per_seq * good
-        kwargs["kv_buckets"] = tuple(sorted({top, good * draw(ints(1, max(1, per_seq)))}))
-    draw_raw_limit(draw, kwargs, env, defect == "tkv_limit", good, L, S)
+        kwargs["kv_buckets"] = tuple(sorted({top, good * ch.between(1, max(1, per_seq))}))
+    draw_raw_limit(ch, kwargs, env, defect == "tkv_limit", good, L, S)
     return kwargs, env
 
 
 def draw_raw_limit(
-    draw: st.DrawFn, kwargs: dict[str, Any], env: dict[str, str], defect: bool, bs: int, L: object, S: object
+    draw: Draw, kwargs: dict[str, Any], env: dict[str, str], defect: bool, bs: int, L: object, S: object
 ) -> None:
     """The volumetric limit as a kwarg, an env value or both (the env wins): from binding (1, a
     padded prompt plus a token) to never binding (max_model_len * max_num_seqs and past it);
     with `defect`, a kwarg or an env text that is not a positive integer."""
+    ch = choices(draw)
     length = L if type(L) is int and L > 0 else 16
     seqs = S if type(S) is int and 0 < S <= 8 else 4
     values = (1, 2, bs + 1, 2 * bs + 4, length - 1, length, 2 * length, length * seqs - 1, length * seqs, 10**12)
-    value = max(1, values[draw(ints(0, len(values) - 1))])
-    where = draw(ints(0, 3)) if not defect else 1 + draw(ints(0, 1))  # 0: unset, 1: kwarg, 2: env, 3: both
+    value = max(1, pick(ch, values))
+    where = ch.between(0, 3) if not defect else 1 + ch.between(0, 1)  # 0: unset, 1: kwarg, 2: env, 3: both
     if where in (1, 3):
-        kwargs["max_batch_tkv_limit"] = draw(_EDGE_LIMITS) if defect and where == 1 else value
+        kwargs["max_batch_tkv_limit"] = pick(ch, _EDGE_LIMITS) if defect and where == 1 else value
     if where in (2, 3):
-        text = draw(_EDGE_LIMIT_TEXTS) if defect else draw(_LIMIT_TEXTS)
+        text = pick(ch, _EDGE_LIMIT_TEXTS) if defect else pick(ch, _LIMIT_TEXTS)
         env[ENV_BATCH_TKV] = text.format(value, value)
 
 
-raw_configs = st.composite(draw_raw_config)
-"""(kwargs, env) for `RuntimeConfig.from_env(env, **kwargs)`: a valid config with at most one
-field at or past the edge of its rule."""
+# The longest raw config reads ~40 bytes (a malformed KV override of four rungs and a
+# limit); bytes past the end read as zeros, so a longer tape only costs generation time.
+RAW_TAPE = 48
+
+
+def raw_configs() -> st.SearchStrategy[tuple[dict[str, Any], dict[str, str]]]:
+    """(kwargs, env) for `RuntimeConfig.from_env(env, **kwargs)`: a valid config with at most one
+    field at or past the edge of its rule. Read from one byte string (`hunt.tape`)."""
+    return tape_cases(lambda data: draw_raw_config(Tape(data)), RAW_TAPE)
 
 
 # -- the check -------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class Lockstep:
         kind = point.kind if point is not None else "idle"
         admitted = point.seqs[0].request_id if point is not None and point.kind == "prefill" else None
         finished = point.finished if point is not None else ()
-        waiting = tuple(r.request_id for r in sched.waiting)
+        waiting = [r.request_id for r in sched.waiting]
         diffs = m.diff(sched.row_states(), sched.tkv, kind, admitted, finished, waiting, sched.pool.num_free)
         if diffs:
             rule, message = diffs[0]

@@ -16,7 +16,7 @@
 Each check returns `Finding`s; a property holds when the list is empty. An exception
 raised by the runtime is a `runtime-error` finding; one raised by the harness is not
 caught. A fault from `spyre_verify.faults` is replayed through `fault.apply(config)`
-inside `fault.active()`.
+inside `fault.active()`. What each property draws is `hunt.cases` (one byte string a case).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis import target
 
 from runtime.bucketer import PREFILL, Bucket
 from runtime.config import RuntimeConfig
@@ -35,20 +34,18 @@ from runtime.metadata import MetadataBuilder, PrefillMetadata
 from spyre_verify import faults
 from spyre_verify.checks.ladders import Disagreement, probe_builder, warm_disagreements
 from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.hunt.cases import dispatch_cases, ladder_configs, walk_configs
 from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.hunt.findings import Finding, crash, from_runtime, kv_of, ops_for, warm_ladder
 from spyre_verify.hunt.lockstep import Lockstep
-from spyre_verify.hunt.strategies import BatchState, Op, StepPoint, configs, draw_config, draw_ops, ints, replay
+from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
-from spyre_verify.oracle.derive import decode_key, prefill_key
-from spyre_verify.oracle.walk import Reachable, reachable
+from spyre_verify.oracle.derive import decode_key, ladders, prefill_key
+from spyre_verify.oracle.walk import Reachable, reachable, space, to_bucket, walk
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
 # walked part is checked: every bucket it reached must be warm.
 WALK_BUDGET = 2_000
-# The longest max_model_len the warmup property draws for each max_num_seqs: the walk's
-# state space grows roughly like L ** (2 * S), so wide batches get short sequences.
-WALK_LEN = {1: 32, 2: 16, 3: 10, 4: 8, 5: 6, 6: 6, 7: 5, 8: 5}
 
 
 def guarded(
@@ -100,7 +97,7 @@ def trace_findings(w: World, state: BatchState) -> list[Finding]:
         elif bucket not in w.warm:
             cold.append((point, bucket))
         if padding is None:
-            problems = block_table_problems(table, ids, pads, point.tkv, bucket.kernel, bs, dict(point.owners), n)
+            problems = block_table_problems(table, ids, pads, point.tkv, bucket.kernel, bs, point.owners, n)
             if problems:
                 kind, msg = problems[0]
                 padding = Finding.of(
@@ -165,11 +162,23 @@ def oracle_reachable(config: RuntimeConfig, budget: int = WALK_BUDGET) -> Reacha
     return reachable(config, budget, sampled=False)
 
 
+@functools.lru_cache(maxsize=4096)
+def walked_buckets(config: RuntimeConfig, budget: int = WALK_BUDGET) -> tuple[frozenset[Bucket], bool]:
+    """The buckets of `oracle_reachable` and whether its walk finished, without the witness
+    it builds for each bucket: a clean config (nearly every one) never needs one."""
+    walked = walk(space(config), max_states=budget)
+    lad = ladders(config)
+    return frozenset(b for s in walked.shapes if (b := to_bucket(lad, s)) is not None), walked.complete
+
+
 def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = WALK_BUDGET) -> list[Finding]:
     """Warm set == reachable set (walked exhaustively within `budget` states; else warm ⊇ walked)."""
 
     def body() -> list[Finding]:
         w = world(config, fault)
+        buckets, exhaustive = walked_buckets(w.config, budget)
+        if buckets == w.warm or (not exhaustive and buckets <= w.warm):
+            return []
         reach = oracle_reachable(w.config, budget)
         out = []
         for b in sorted(reach.buckets - w.warm):
@@ -216,38 +225,16 @@ def check_ladders(config: RuntimeConfig, fault: str | None = None) -> list[Findi
 
 
 # -- the properties as Hypothesis sees them -------------------------------------------------------
-@st.composite
-def dispatch_cases(draw: st.DrawFn, fault: str | None = None) -> tuple[RuntimeConfig, list[Op]]:
-    """A config and an event trace valid for it as the fault configures it."""
-    config = draw_config(draw)
-    return config, draw_ops(draw, world(config, fault).config)
-
-
-@st.composite
-def walk_configs(draw: st.DrawFn) -> RuntimeConfig:
-    """Configs whose walk mostly finishes: up to 8 sequences, shorter as batches widen."""
-    S = draw(ints(1, 8))
-    return draw_config(draw, max_model_len=(1, WALK_LEN[S]), max_num_seqs=(S, S))
-
-
-def _steer(c: RuntimeConfig) -> None:
-    """Push the config search toward the tightest legal pools.
-
-    Configs only: with an example database Hypothesis keeps a Pareto front per label,
-    and on the long choice sequences of traces sorting it cost a fifth of the dispatch
-    property's time. Traces reach wide batches and boundary pools by construction
-    instead (`strategies.draw_ops` bursts, `strategies.draw_pool` boundaries).
-    """
-    target(float(c.max_blocks_per_seq - c.usable_blocks), label="pool tightness")
-
-
 def dispatch_property(case: tuple[RuntimeConfig, list[Op]], fault: str | None) -> list[Finding]:
     config, events = case
     return run_trace(config, events, fault)[1]
 
 
 def warmup_property(config: RuntimeConfig, fault: str | None) -> list[Finding]:
-    _steer(config)
+    # No `hypothesis.target` on pool tightness any more: its maximum is the tightest legal pool,
+    # which `strategies.draw_pool` draws outright (48% of warmup configs sit on it without the
+    # target, 51% with), so the optimiser only re-ran configs near one it had, and with an
+    # example database Hypothesis kept a Pareto front of them: a fifth of the property's time.
     return check_warmup(config, fault)
 
 
@@ -257,11 +244,6 @@ def ladders_property(config: RuntimeConfig, fault: str | None) -> list[Finding]:
 
 def config_property(case: tuple[dict[str, Any], dict[str, str]], fault: str | None) -> list[Finding]:
     return check_config(*case)
-
-
-# The probe builds max_model_len * max_num_seqs decode batches; the dispatch property
-# covers longer sequences on the real traces it replays.
-LADDER_CONFIGS = configs(max_model_len=(1, 24), max_num_seqs=(1, 8))
 
 
 @dataclass(frozen=True)
@@ -278,7 +260,7 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "ladders",
             "the builder's picks over every shape and the warm plan sit on the oracle's ladders and keys",
-            lambda f: LADDER_CONFIGS,
+            lambda f: ladder_configs(),
             ladders_property,
         ),
         Property("warmup", "warm plan == the oracle's reachable set", lambda f: walk_configs(), warmup_property),

@@ -6,6 +6,8 @@ Nothing here calls the bucketer; tests hold the runtime to these answers.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass
 
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
@@ -57,8 +59,9 @@ def batch_tkv_limit(c: RuntimeConfig) -> int:
 
 
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
-    """The smallest rung >= size; None above the top rung."""
-    return next((r for r in ladder if r >= size), None)
+    """The smallest rung >= size; None above the top rung (`ladder` in increasing order)."""
+    i = bisect.bisect_left(ladder, size)
+    return ladder[i] if i < len(ladder) else None
 
 
 def decode_blocks(block_size: int, tkv: int) -> int:
@@ -72,17 +75,33 @@ def decode_key(lad: Ladders, seqs: int, tkv: int) -> Bucket | None:
     if kv is None:
         return None
     if not lad.batched or seqs < lad.min_batched:
-        return Bucket(DECODE, DecodeKey(kv))
+        return _decode(kv)
     n = rung(lad.num_seqs, seqs)
     if n is None:
         return None
-    gather = seqs < n
-    return Bucket(BATCHED, BatchedKey(n, kv, gather, not gather))
+    return _batched(n, kv, seqs < n)  # the real rows are gathered when some are padding
 
 
 def prefill_key(lad: Ladders, tkv: int) -> Bucket:
     """A prefill with the batch at (post-shift) `tkv` pads to whole blocks."""
-    return Bucket(PREFILL, PrefillKey(ceil_div(tkv, lad.block_size) * lad.block_size))
+    return _prefill(ceil_div(tkv, lad.block_size) * lad.block_size)
+
+
+# Buckets are immutable: one object per key serves every caller. The hunts ask for millions
+# of keys of a few thousand buckets, and building one costs two frozen dataclasses.
+@functools.lru_cache(maxsize=4096)
+def _decode(kv: int) -> Bucket:
+    return Bucket(DECODE, DecodeKey(kv))
+
+
+@functools.lru_cache(maxsize=4096)
+def _batched(n: int, kv: int, gather: bool) -> Bucket:
+    return Bucket(BATCHED, BatchedKey(n, kv, gather, not gather))
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefill(tokens: int) -> Bucket:
+    return Bucket(PREFILL, PrefillKey(tokens))
 
 
 def kv_dim(bucket: Bucket) -> int:

@@ -21,6 +21,7 @@ The state space grows roughly with L**(2*S), so it is meant for small configs; a
 
 from __future__ import annotations
 
+import bisect
 import functools
 import random
 from collections import deque
@@ -147,21 +148,32 @@ def successors(sp: Space, state: State) -> Iterator[tuple[Action, Shape, State]]
         return
     used = sum(_reservation(bs, tkv, lp, rem) for lp, rem in rows)
     running = [rem for _, rem in rows]
+    longest = max(running, default=0)
     for t2, lp, padded, p in _joins(bs, L, tkv, bool(rows)):
+        if t2 + longest > L:
+            continue  # a running row could no longer finish
         d = t2 - tkv if rows else 0
-        shifted = [(q + d, rem) for q, rem in rows]
-        if any(t2 + rem > L for _, rem in shifted):
-            continue
-        for mt in range(1, L + 1):
+        shape = ("prefill", t2, 0)
+        # A joiner that stays (max_tokens > 1) strips the same whole blocks whatever its
+        # max_tokens, the least padding's (rows stay sorted): strip once, insert it each time.
+        drop = min(rows[0][0] + d, lp) // bs * bs if rows else lp // bs * bs
+        kept = [(q + d - drop, rem) for q, rem in rows]
+        own, t3 = lp - drop, t2 - drop
+        room = U - used + lp // bs - 1  # the joiner's reservation is (t2 + mt - 2) // bs - lp // bs + 1
+        for mt in range(1, min(L - padded, L - t2) + 1):
             # Every bound below only tightens as max_tokens grows: the first one broken ends the loop.
-            if padded + mt > L or t2 + mt > L:
-                break  # rejected at add_request, or waits forever in this state
-            if used + _reservation(bs, t2, lp, mt - 1) > U:
+            # (The range stops where the request is rejected at add_request, or waits forever here.)
+            if (t2 + mt - 2) // bs > room:
                 break
             if V is not None and ((mt > 1 and padded + mt - 1 > V) or peak(t2, [*running, mt - 1]) > V):
                 break  # rejected at add_request (its lone peak), or never admitted here
-            new = tuple(sorted([*shifted, (lp, mt - 1)])) if mt > 1 else tuple(shifted)
-            yield _action("join", p, mt), ("prefill", t2, 0), _strip(bs, t2, new)
+            if mt == 1:  # it finishes at its prefill: the rows alone strip
+                after = _strip(bs, t2, tuple((q + d, rem) for q, rem in rows))
+            else:
+                row = (own, mt - 1)
+                i = bisect.bisect_left(kept, row)
+                after = (t3, (*kept[:i], row, *kept[i:]))
+            yield _action("join", p, mt), shape, after
 
 
 @functools.lru_cache(maxsize=65536)
