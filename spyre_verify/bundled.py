@@ -14,6 +14,7 @@ from typing import Any
 from runtime.block_pool import NULL_BLOCK
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
+from runtime.errors import RequestError
 from runtime.warmup import Seams
 from spyre_verify.checks.control_calls import Control, control_calls
 from spyre_verify.oracle.reference import ReferenceRun, generate
@@ -23,6 +24,7 @@ from spyre_verify.protocol import CAPABILITIES, Settings
 class BundledRuntime(Engine):
     name = "bundled"
     capabilities = frozenset(CAPABILITIES)
+    refusal = RequestError  # what it raises to refuse; any other ValueError is a bug, not a refusal
 
     @property
     def null_block(self) -> int:

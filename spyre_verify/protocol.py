@@ -129,7 +129,9 @@ class Finished(Protocol):
 class Runtime(Protocol):
     """The core. A request that can never be served is refused at `add_request` with a
     ValueError naming why, leaving the runtime unchanged; `abort` of an unknown or ended id
-    raises ValueError too. Warmup compiles `warm_plan()` and nothing else."""
+    raises ValueError too. A runtime may name a narrower ValueError subclass it refuses with as
+    `refusal`, so a ValueError from a bug is not taken for a refusal. Warmup compiles
+    `warm_plan()` and nothing else."""
 
     name: str
     config: ConfigView

@@ -85,8 +85,8 @@ def load_factory(target: str) -> Callable[[Settings], Runtime]:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RuntimeSpecError(f"--runtime={target!r}: cannot import {module_name}: {e}") from e
+    except Exception as e:  # not found, or the module itself raised (SyntaxError too): the user's input
+        raise RuntimeSpecError(f"--runtime={target!r}: cannot import {module_name}: {type(e).__name__}: {e}") from e
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise RuntimeSpecError(f"--runtime={target!r}: {module_name} has no callable {attr!r}")
@@ -116,6 +116,7 @@ def settings_for(config: Any, wrap_backend: Any = None, fault: str | None = None
     c = config
     # The pool size travels as an option: a runtime with a pool of its own may honour it.
     options: dict[str, Any] = {"num_blocks": c.total_blocks} if c.num_blocks is not None else {}
+    options |= {"batched_decode": False} if not c.batched_decode else {}  # per_sequence_decode's switch
     options |= {"seams": seams} if seams is not None else {}
     return Settings(c.block_size, c.max_model_len, c.max_num_seqs, c.backend, c.device, wrap_backend, fault, c, options)
 

@@ -149,7 +149,7 @@ def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Reject
     stats.submitted += 1
     try:
         rid = engine.add_request(list(a.prompt), a.max_tokens, stop_token_ids=a.stop_token_ids, ignore_eos=a.ignore_eos)
-    except ValueError as e:
+    except refusal(engine) as e:
         stats.rejected += 1
         if on_rejected is None:
             raise
@@ -168,11 +168,19 @@ def _abort(engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed:
             engine.abort(rid)
             stats.aborted += 1
             return
-    except ValueError:  # it has already ended: the client left too late, as clients do
+    except refusal(engine):  # it has already ended: the client left too late, as clients do
         pass
     stats.abort_missed += 1
     if on_missed is not None:
         on_missed(a, rid)
+
+
+def refusal(engine: object) -> type[ValueError]:
+    """What the runtime raises to refuse a request or an abort: its own `refusal` type when it names
+    one (the bundled runtime's RequestError), else the protocol's ValueError. A narrower type keeps
+    a ValueError from a bug in the runtime from passing for a refusal."""
+    kind = getattr(engine, "refusal", ValueError)
+    return kind if isinstance(kind, type) and issubclass(kind, ValueError) else ValueError
 
 
 def ignore(arrival: Arrival, error: ValueError) -> None:

@@ -236,6 +236,11 @@ def verify(
         result.finished_by_reason = dict(log.finishes)
         if result.error is None:
             result.error = served_nothing(result.requests, result.rejected, result.steps)
+        if result.error is None and graph is None and any(isinstance(c, GraphReuse) for c in result.checkers):
+            # Without it nothing served under the fail_on_recompile stance and no compile was counted
+            # from the harness's side: the run cannot say that warmup's graphs were reused.
+            why = next(c.not_run for c in result.checkers if isinstance(c, GraphReuse))
+            result.error = f"verified too little: graph-reuse did not run ({why}), so serving was not guarded"
         result.dispatch = {str(b): n for b, n in ordered(log.counts().items())}
         for c in checkers:
             try:

@@ -90,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
                 done.stage = "the per-sequence pass"
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
                 no_batched = config.with_(batched_decode=False)
-                done.per_seq = verify(no_batched, workload=work, controls=False, progress=say)
+                done.per_seq = verify(no_batched, workload=work, controls=False, progress=say, runtime=rt.target)
+            if not args.no_controls and not catalog:
+                say(
+                    f"fault catalog not run: the {rt.name} runtime ships no faults(), so nothing proves its checkers can fail"
+                )
             if not args.no_controls and catalog:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 done.stage = "the fault catalog"
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         path = write_partial(args.out, name, config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
     assert done.result is not None  # every path above sets it or raised
-    p = payload(done.result, None if args.no_controls or args.fault else done.rows, done.per_seq)
+    p = payload(done.result, None if args.no_controls or args.fault or not catalog else done.rows, done.per_seq)
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False

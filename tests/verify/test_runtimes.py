@@ -59,15 +59,29 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
             def refuses(settings):
                 raise ValueError("block_size=3: must be a power of two")
 
+            def bare(settings):  # the core only: every optional capability hidden
+                from tests.foreign.engine import make
+                rt = make(settings)
+                rt.capabilities = frozenset()
+                return rt
+
+            def no_faults(settings):  # every capability, but no fault catalog to prove them with
+                from tests.foreign.engine import make
+                rt = make(settings)
+                rt.faults = None
+                return rt
+
             NOT_CALLABLE = 3
             """
         )
     )
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no device')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
     monkeypatch.delenv(ENV_RUNTIME, raising=False)
     yield "my_runtimes"
     sys.modules.pop("my_runtimes", None)
+    sys.modules.pop("raises_on_import", None)
 
 
 def test_resolution_order_flag_then_env_then_bundled(in_root: None) -> None:
@@ -187,3 +201,27 @@ def test_check_on_the_foreign_runtime_reports_what_did_not_run(in_root: None, tm
     assert status["warmup-exactness"] == status["ladder-agreement"] == "not run"
     assert report["coverage"]["not_run"] == "reachable coverage needs design_contract"
     assert report["tokens_match_reference"] is True and report["workload"]["steps"] > 0
+
+
+def test_a_module_that_raises_on_import_is_bad_input(user_module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--runtime", "raises_on_import:make", "--backend", "eager"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "cannot import raises_on_import: RuntimeError: no device" in line
+
+
+def test_a_run_without_graph_reuse_verified_too_little(
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["check", "--runtime", f"{user_module}:bare", "--backend", "eager", "--no-controls", "--out", str(tmp_path)]
+    assert main(argv) == 1
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["verdict"] == "fail" and report["error"].startswith("verified too little: graph-reuse did not run")
+    assert {c["name"] for c in report["checks"] if c["status"] == "not run"} >= {"graph-reuse", "padding-validity"}
+
+
+def test_a_runtime_without_faults_has_its_controls_not_run(
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "--runtime", f"{user_module}:no_faults", "--backend", "eager", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "check.json").read_text())["controls"] is None
+    assert "fault catalog not run: the foreign runtime ships no faults()" in capsys.readouterr().err
