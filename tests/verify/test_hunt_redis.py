@@ -37,35 +37,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_redis(exe: str, where: Path) -> tuple[subprocess.Popen[bytes], int] | None:
+    """One redis-server on a port that was free a moment ago; None when another process took the
+    port first (it exited, or the server answering is not ours: its pid says so)."""
+    port = free_port()
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(where)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    with redis.Redis(port=port, socket_connect_timeout=0.5) as client:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if int(client.info("server")["process_id"]) == proc.pid:
+                    return proc, port
+                break  # another test's server holds the port
+            except redis.ConnectionError:
+                time.sleep(0.05)
+    stop(proc)
+    return None
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A throwaway redis-server on a free loopback port, nothing persisted; its port."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server not installed: apt-get install redis-server")
-    port, where = free_port(), tmp_path_factory.mktemp("redis")
-    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(where)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, socket_connect_timeout=0.5)
+    where = tmp_path_factory.mktemp("redis")
+    # Picking a free port and binding it later is a race under parallel runs: try a few ports.
+    started = next((s for s in (start_redis(exe, where) for _ in range(5)) if s is not None), None)
+    if started is None:
+        pytest.fail("redis-server did not start on any of 5 free loopback ports")
+    proc, port = started
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"redis-server on port {port} did not answer PING (exit {proc.poll()})")
-                time.sleep(0.05)
         yield port
     finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def keys_in(port: int, db: int) -> int:
