@@ -74,3 +74,8 @@ class Checker:
     def summary(self) -> dict[str, Any]:
         out = {"name": self.name, "status": self.status, "violations": [v.to_dict() for v in self.violations]}
         return {**out, "not_run": self.not_run} if self.not_run else out
+
+    def report(self) -> dict[str, Any]:
+        """The report entry: `summary()`, or for a checker that never attached only the base entry
+        saying why (a subclass's summary reads state that attach sets up)."""
+        return self.summary() if self.not_run is None else Checker.summary(self)

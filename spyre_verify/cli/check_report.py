@@ -12,8 +12,8 @@ from spyre_verify.session import RunResult
 
 
 def summary_of(c: Checker) -> dict[str, Any]:
-    """A checker's report entry; one that did not run has only the base entry, saying why."""
-    return c.summary() if c.not_run is None else Checker.summary(c)
+    """A checker's report entry (`Checker.report`)."""
+    return c.report()
 
 
 def pass_summary(r: RunResult) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.errors import UsageError
-from spyre_verify.runtimes import known, probe
+from spyre_verify.runtimes import Named, known, probe
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +22,6 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     named = known()
     if args.runtime and ":" in args.runtime and all(n.target != args.runtime for n in named):
-        from spyre_verify.runtimes import Named
-
         named.append(Named(args.runtime, args.runtime, "--runtime"))
     rows = []
     for n in named:

@@ -22,7 +22,6 @@ from runtime.warmup import Seams
 from spyre_verify import faults
 from spyre_verify.checks.violations import Violation
 from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
-from spyre_verify.cli.check_report import summary_of
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import fault_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
@@ -134,7 +133,7 @@ def payload(r: SoakResult) -> dict[str, Any]:
         "fault": o.fault,
         "runtime": r.runtime,
         "leak_audit_not_run": r.leak_audit,
-        "checks": [summary_of(ch) for ch in r.checkers],
+        "checks": [ch.report() for ch in r.checkers],
         "config": {**config, "env_overrides": c.env_overrides()},
         "environment": environment(c.device, c.backend),
         "options": {**dataclasses.asdict(o), "arrival_spread": SPREAD},
