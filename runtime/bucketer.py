@@ -160,6 +160,8 @@ class SpyreAttnBucketer:
 
     def _why_not_decode(self, seqs: range, blocks: range) -> str | None:
         lim = self.limits
+        if any(lim.fits(decode_costs(lim, s, m)) for s in seqs for m in blocks):
+            return None  # most buckets are reachable: the first way in that fits ends the search
         costs = [c for s in seqs for m in blocks for c in decode_costs(lim, s, m)]
         where = f"{_span(seqs)} seqs at {_span(blocks)} blocks"
         if costs:

@@ -111,6 +111,7 @@ class Scheduler:
         self._next_id = 0
         self._ids: set[str] = set()
         self._plan: StepPlan | None = None  # scheduled, not yet postprocessed
+        self._waiting_ids: tuple[str, ...] | None = None  # the queue's ids, until it next changes
 
     def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
         """Check a request without touching any state; raise RequestError naming the fault."""
@@ -161,6 +162,7 @@ class Scheduler:
             self._next_id = int(rid.removeprefix("req-")) + 1
         self._ids.add(rid)
         self.waiting.append(Request(rid, tokens, mt, stops, ignore_eos))
+        self._waiting_ids = None
         return rid
 
     def abort(self, request_id: object) -> Request:
@@ -172,6 +174,7 @@ class Scheduler:
             raise RequestError(f"cannot abort request_id={request_id!r}: {why}")
         if req in self.waiting:
             self.waiting.remove(req)
+            self._waiting_ids = None
             req.finish_reason = "abort"
             return req
         if self._plan is not None:  # only after a step's kernels raised: its rows are still in flight
@@ -252,7 +255,7 @@ class Scheduler:
         return Admission(req, shift, tkv, need)
 
     def _admit(self, adm: Admission) -> Request:
-        req = self.waiting.popleft()
+        req, self._waiting_ids = self.waiting.popleft(), None
         assert req is adm.request
         for r in self.running:
             r.left_pad += adm.shift
@@ -274,6 +277,12 @@ class Scheduler:
 
     def seq_states(self) -> list[SeqState]:
         return [r.seq_state() for r in self.running]
+
+    def waiting_ids(self) -> tuple[str, ...]:
+        # Rebuilt only when the queue changed: the state event lists it every step, and it can be long.
+        if self._waiting_ids is None:
+            self._waiting_ids = tuple([r.request_id for r in self.waiting])
+        return self._waiting_ids
 
     def row_states(self) -> tuple[RowState, ...]:
         rows = ((r, self.pool.reserved(r.request_id)) for r in self.running)

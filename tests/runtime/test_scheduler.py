@@ -374,3 +374,19 @@ def test_a_plan_is_postprocessed_once_with_one_token_per_row() -> None:
     assert [r.request_id for r in s.running] == ["a"]  # ... not admitted twice
     with pytest.raises(AssertionError, match="2 tokens for 1 rows"):
         s.postprocess([7, 7])
+
+
+def test_waiting_ids_follow_every_change_to_the_queue() -> None:
+    s = scheduler(max_num_seqs=1)
+    assert s.waiting_ids() == ()
+    for rid in ("a", "b", "c"):
+        s.add([1] * 3, 2, rid)
+    assert s.waiting_ids() == ("a", "b", "c")
+    assert s.waiting_ids() is s.waiting_ids()  # unchanged queue: the same tuple, not rebuilt
+    plan_prefill(s, "a")
+    s.postprocess([7])
+    assert s.waiting_ids() == ("b", "c")  # the admission popped the head
+    s.abort("c")
+    assert s.waiting_ids() == ("b",)  # an abort of a waiting request
+    s.add([1], 1, "d")
+    assert s.waiting_ids() == tuple(r.request_id for r in s.waiting) == ("b", "d")
