@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from runtime.events import FinishEvent, RequestEvent, StateEvent
+from runtime.events import FinishEvent, RequestEvent, RowState, StateEvent
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.model import ContractModel
 
@@ -41,13 +41,13 @@ class ContractConformance(Checker):
         self.steps_checked = 0
         self.divergences = 0  # every step that differed, the first one flagged
         self.rules: Counter[str] = Counter()  # the rule each divergent step was named by
-        self.fired: Counter[str] = Counter()  # the rules the model applied: what the run exercised
+        self.rule_sets: Counter[tuple[str, ...]] = Counter()  # the rules each step applied, counted per set
         self.closed = False
         self.reasons: Counter[str] = Counter()  # finish events by reason
         self.pending: StateEvent | None = None  # a step whose finish events are still coming
         self.stopped: set[str] = set()  # the pending step's rows that reported "stop"
         self.reported: set[str] = set()  # the pending step's rows that reported any finish
-        self.held: dict[str, tuple[int, ...]] = {}  # each running row's blocks after the last judged event
+        self.held: tuple[RowState, ...] = ()  # the running rows after the last judged event
 
     def attach(self, engine: Any) -> None:
         self.model = ContractModel(engine.config)
@@ -107,9 +107,11 @@ class ContractConformance(Checker):
         if self.closed:
             return
         self.settle()
-        self.pending, self.stopped, self.reported = ev, set(), set()
-        if not ev.finished:  # no finish event follows
+        self.pending = ev
+        if not ev.finished:  # no finish event follows: judge it now (most steps)
             self.settle()
+        else:
+            self.stopped, self.reported = set(), set()
 
     def on_finish(self, ev: FinishEvent) -> None:
         if self.closed:
@@ -156,6 +158,7 @@ class ContractConformance(Checker):
         missing = [rid for rid in ev.finished if rid not in self.reported]
         if missing:
             self.flag("missing-finish", f"step {ev.step}: {missing} ended ({ev.kind}) without a finish event")
+        stopped = self.stopped if ev.finished else ()
         self.steps_checked += 1
         model = self.model
         if ev.kind == "abort":
@@ -170,13 +173,14 @@ class ContractConformance(Checker):
                         "divergence", f"step {ev.step}: the engine aborted {rid!r}, but DESIGN refuses: {refusal}"
                     )
                 return
-            self.fired.update(model.abort(rid).rules)
+            self.rule_sets[model.abort(rid).rules] += 1
         else:
-            self.fired.update(model.step(self.stopped).rules)
+            self.rule_sets[model.step(stopped).rules] += 1
         diffs = model.diff(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
-        held, self.held = self.held, {r.request_id: r.blocks for r in ev.rows}
+        rows, self.held = self.held, ev.rows
         if not diffs:
             return
+        held = {r.request_id: r.blocks for r in rows}
         self.divergences += 1
         rule, message = diffs[0]
         # A block count off after an ending: name the blocks the ended requests held (a leak's whereabouts).
@@ -204,6 +208,15 @@ class ContractConformance(Checker):
             f"the engine has nothing left to do after {engine.steps} steps, but DESIGN still serves "
             f"waiting {[w.request_id for w in m.waiting]} and running {[r.request_id for r in m.rows]}",
         )
+
+    @property
+    def fired(self) -> Counter[str]:
+        """The rules the model applied, each counted once a step: what the run exercised."""
+        out: Counter[str] = Counter()
+        for rules, n in self.rule_sets.items():
+            for rule in rules:
+                out[rule] += n
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -174,8 +174,9 @@ class ContractModel:
         else:
             self.last = IDLE
             return IDLE
-        stepped = {admitted} if admitted is not None else {r.request_id for r in rows}
-        stops = stepped & set(stopped)
+        stops = (
+            (({admitted} if admitted is not None else {r.request_id for r in rows}) & set(stopped)) if stopped else ()
+        )
         ends = [r for r in rows if r.generated >= r.max_tokens or r.request_id in stops]
         finished = tuple(r.request_id for r in ends)
         if ends:
