@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent, FinishEvent, RequestEvent, StepEvent
 from runtime.warmup import Seams
@@ -69,8 +68,10 @@ class Tracker:
         self.max_waiting = max(self.max_waiting, len(self.accepted) - len(self.admitted))
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
-        if ev.kernel == PREFILL:
-            self.admitted[ev.batch.request_ids[0]] = ev.step
+        # A request is admitted by the first dispatch that computes it, whatever the kernel is called:
+        # a runtime that prefills several requests at once admits them all in one dispatch.
+        for rid in ev.batch.request_ids:
+            self.admitted.setdefault(rid, ev.step)
         self.max_running = max(self.max_running, len(ev.batch.request_ids))
 
     def on_step(self, ev: StepEvent) -> None:

@@ -74,3 +74,22 @@ def test_bad_flags_exit_2(flags: list[str], needle: str, capsys: pytest.CaptureF
     assert main(["soak", *flags]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_tracker_admits_every_request_a_dispatch_computes() -> None:
+    """A runtime that prefills two requests in one dispatch admits both: neither one's blocks are a leak."""
+    from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
+    from runtime.events import BatchInfo, DispatchEvent, FinishEvent, RequestEvent
+    from spyre_verify.soak import Tracker
+
+    t = Tracker()
+    for rid in ("a", "b", "c"):
+        t.on_request(RequestEvent(rid, (1,), 4))
+    both = BatchInfo(("a", "b"), (1, 1), (0, 0), 1)
+    t.on_dispatch(DispatchEvent(PREFILL, Bucket(PREFILL, PrefillKey(4)), both, "serving", 0))
+    assert t.in_flight == {"a", "b"} and t.admitted == {"a": 0, "b": 0}
+    later = BatchInfo(("a", "b", "c"), (2, 2, 1), (0, 0, 1), 2)
+    t.on_dispatch(DispatchEvent(BATCHED, Bucket(BATCHED, BatchedKey(4, 1, True, False)), later, "serving", 1))
+    t.on_finish(FinishEvent("a", "length", (5,), 1))
+    # "c" first computed in step 1 (it waited); "a" and "b" keep the step that admitted them.
+    assert t.in_flight == {"b", "c"} and t.admitted == {"a": 0, "b": 0, "c": 1} and t.waited == 1
