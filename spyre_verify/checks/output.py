@@ -50,6 +50,11 @@ class OutputEquivalence(Checker):
         self.step_bucket: dict[int, str] = {}
         super().attach(engine)
 
+    def forget(self) -> None:
+        """Drop everything held of earlier requests: a hunt judges each example on its own."""
+        for held in (self.requests, self.tokens, self.logits, self.finished, self.step_bucket):
+            held.clear()
+
     def chosen(self, request_id: str) -> bool:
         return request_id in self.logits
 

@@ -6,7 +6,8 @@ checkers its capabilities allow: dispatch coverage, and padding validity where i
 both non-strict. Each example is a short trace (`protocol_trace`) drawn from what the
 runtime reports of itself and served to completion through `serve_loop.serve`. It holds
 when no checker flags anything new, every accepted request ended as asked, the runtime
-drained, and no refusal changed the pool. A runtime that raises, or is left busy, is
+drained, no refusal changed the pool and, where the runtime offers a `reference`, every
+accepted request's tokens equal it (output equivalence, each example on its own). A runtime that raises, or is left busy, is
 rebuilt before the next example. It keeps what earlier examples compiled, so a finding's
 reproducer is the hunt itself under the same seed (`cli.hunt.reproducer`).
 """
@@ -22,6 +23,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from spyre_verify.checks.dispatch import DispatchCoverage
+from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation
 from spyre_verify.defaults import single_thread
@@ -34,13 +36,14 @@ from spyre_verify.workload import Abort, Arrival
 PROTOCOL = "protocol"
 CHECKS = (
     "traces at every rung boundary the runtime reports, served to completion: no dispatch-coverage or "
-    "padding-validity violation, every request ends as asked, the runtime drains, no refusal changes the pool"
+    "padding-validity violation, every request ends as asked, the runtime drains, no refusal changes the pool, "
+    "tokens equal the runtime's reference where it offers one"
 )
 
 
 def checkers_for(capabilities: frozenset[str]) -> list[Checker]:
     """The generic checkers, each marked not run where the runtime lacks what it needs."""
-    out: list[Checker] = [DispatchCoverage(), PaddingValidity()]
+    out: list[Checker] = [DispatchCoverage(), PaddingValidity(), OutputEquivalence()]
     for c in out:
         c.skip(capabilities)
     return out
@@ -131,6 +134,9 @@ class ProtocolHunt:
         """Serve one trace; (kind, message) of everything wrong with how it went."""
         rt, guard = self.runtime, Refusals(self.runtime)
         seen = {c.name: len(c.violations) for c in self.checkers}
+        output = self._output()
+        if output is not None:
+            output.forget()
         feed, stats = Feed(items, rt.steps), ServeStats()
         # A runtime that moves at least one token a step (a chunked prefill included) drains within this.
         budget = sum(len(a.prompt) + a.max_tokens for a in items if isinstance(a, Arrival)) + 4
@@ -150,7 +156,7 @@ class ProtocolHunt:
         if not out and stats.stopped != DRAINED:
             why = f"after {budget} steps" if stats.stopped == MAX_STEPS else "when a step did not advance it"
             out.append(("left-busy", f"the runtime still had work {why}: its prompts and max_tokens add up to less"))
-        return out or self._endings(items, feed)
+        return out or self._endings(items, feed) or self._outputs(feed, seen)
 
     def _endings(self, items: list[Any], feed: Feed) -> list[tuple[str, str]]:
         arrivals = [a for a in items if isinstance(a, Arrival)]
@@ -164,6 +170,19 @@ class ProtocolHunt:
                 what = f"request {rid} (arrival #{i}: prompt {len(a.prompt)}, max_tokens {a.max_tokens})"
                 return [("wrong-ending", f"{what} {problem}")]
         return []
+
+    def _output(self) -> OutputEquivalence | None:
+        return next((c for c in self.checkers if isinstance(c, OutputEquivalence) and c.not_run is None), None)
+
+    def _outputs(self, feed: Feed, seen: dict[str, int]) -> list[tuple[str, str]]:
+        """Every accepted request of the example against the runtime's reference (the first that differs)."""
+        output = self._output()
+        if output is None:
+            return []
+        for rid in feed.ids:
+            if rid is not None and rid in output.requests and not output.compare(self.runtime, output.requests[rid]):
+                break
+        return [(v.kind, f"[{output.name}] {v.message}") for v in output.violations[seen[output.name] :]]
 
     def _finding(self, kind: str, message: str, trace: list[str]) -> Finding:
         c = self.shape

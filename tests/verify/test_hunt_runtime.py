@@ -71,7 +71,7 @@ def test_the_foreign_runtime_is_quiet(capsys: pytest.CaptureFixture[str], tmp_pa
     assert p["hunt"]["runtime"] == {
         "name": "foreign",
         "factory": FOREIGN,
-        "observes": ["dispatch-coverage", "padding-validity"],
+        "observes": ["dispatch-coverage", "padding-validity", "output-equivalence"],
         "not_run": {},
     }
     assert (tmp_path / "out" / "hunt-foreign.json").is_file()
@@ -105,15 +105,31 @@ def test_padding_fault_is_loud_and_an_unobserved_fault_says_why(
 ) -> None:
     rc, p, _ = hunt_cli(capsys, tmp_path, "--examples", "200", "--fault", "stale-padding")
     assert rc == 1 and p["findings"][0]["kind"] in ("bad-padding", "live-padding")
-    assert main(["hunt", "--runtime", FOREIGN, "--seed", "0", "--examples", "20", "--fault", "mask-leak",
-                 "--out", str(tmp_path / "o2"), "--database", str(tmp_path / "db2")]) == 0  # fmt: skip
+    # dynamic-shapes is graph-reuse's fault, which the hunt does not run: it says so, and here dispatch
+    # coverage sees it anyway (the one dynamic graph compiled under another bucket's key).
+    assert main(["hunt", "--runtime", FOREIGN, "--seed", "0", "--examples", "20", "--fault", "dynamic-shapes",
+                 "--out", str(tmp_path / "o2"), "--database", str(tmp_path / "db2")]) == 1  # fmt: skip
     out = capsys.readouterr().out
-    assert "note: mask-leak is judged by output-equivalence, which the protocol hunt does not run" in out
+    assert "note: dynamic-shapes is judged by graph-reuse, which the protocol hunt does not run" in out
+    assert "[dispatch-coverage]" in out
+
+
+def test_a_padding_leak_is_a_token_mismatch_against_the_runtimes_reference(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc, p, _ = hunt_cli(capsys, tmp_path, "--examples", "300", "--fault", "mask-leak")
+    assert (rc, p["hunt"]["control_checker"], p["hunt"]["control_observable"]) == (1, "output-equivalence", True)
+    f = p["findings"][0]
+    assert f["fault"] == "mask-leak" and f["kind"] in ("token-mismatch", "logits-drift")
+    assert "[output-equivalence]" in f["message"] and "reference" in f["message"]
+    assert len(f["trace"]) == 1  # shrunk to one arrival group
 
 
 def test_a_checker_whose_capability_is_missing_is_not_run() -> None:
-    dispatch, padding = checkers_for(frozenset({"reference"}))
+    dispatch, padding, output = checkers_for(frozenset({"reference"}))
     assert dispatch.not_run is None and padding.not_run == "the runtime does not offer paging"
+    assert output.not_run is None
+    assert checkers_for(frozenset({"paging"}))[2].not_run == "the runtime does not offer reference"
 
 
 @pytest.mark.parametrize(
