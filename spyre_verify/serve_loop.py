@@ -84,6 +84,8 @@ class ServeStats:
 Rejected = Callable[[Arrival, ValueError], None]
 # An abort with nothing left to abort, and the request id it named (None: its arrival was refused).
 Missed = Callable[[Abort, str | None], None]
+# Every abort sent to the runtime: the request id, and whether the runtime refused it.
+Aborted = Callable[[str, bool], None]
 
 
 def serve(
@@ -93,6 +95,7 @@ def serve(
     on_rejected: Rejected | None = None,
     on_step: Callable[[Any, ServeStats], None] | None = None,
     on_missed: Missed | None = None,
+    on_abort: Aborted | None = None,
     deadline: float | None = None,
     max_steps: int | None = None,
     skip_idle: bool = True,
@@ -104,7 +107,8 @@ def serve(
     to resume a stream across calls. A request `add_request` refuses goes to
     `on_rejected`; without one the ValueError propagates. An `Abort` whose request
     has already ended (or was refused) is counted in `stats.abort_missed` and shown to
-    `on_missed(abort, request_id)`. `on_step(result, stats)` follows every step. It
+    `on_missed(abort, request_id)`; every abort sent goes to `on_abort(request_id, refused)`
+    once the call returned or raised. `on_step(result, stats)` follows every step. It
     stops early, naming why in `stats.stopped`: past `deadline` (a `time.monotonic()`
     value; nothing more is submitted or stepped), after `max_steps` steps with work
     left, or, with `skip_idle=False`, when the engine idles while arrivals are still to
@@ -119,7 +123,7 @@ def serve(
             return stats
         while (a := feed.due(engine.steps)) is not None:
             if isinstance(a, Abort):
-                _abort(engine, feed, a, stats, on_missed)
+                _abort(engine, feed, a, stats, on_missed, on_abort)
             else:
                 feed.ids.append(_submit(engine, a, stats, on_rejected))
         if not engine.has_work():
@@ -159,7 +163,9 @@ def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Reject
     return rid
 
 
-def _abort(engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed: Missed | None) -> None:
+def _abort(
+    engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed: Missed | None, on_abort: Aborted | None
+) -> None:
     if not 0 <= a.ref < len(feed.ids):
         raise ValueError(f"{a}: the workload has no earlier arrival #{a.ref} to abort ({len(feed.ids)} so far)")
     rid = feed.ids[a.ref]
@@ -167,9 +173,12 @@ def _abort(engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed:
         if rid is not None:
             engine.abort(rid)
             stats.aborted += 1
+            if on_abort is not None:
+                on_abort(rid, False)
             return
     except refusal(engine):  # it has already ended: the client left too late, as clients do
-        pass
+        if on_abort is not None:
+            on_abort(str(rid), True)
     stats.abort_missed += 1
     if on_missed is not None:
         on_missed(a, rid)
@@ -187,10 +196,22 @@ def ignore(arrival: Arrival, error: ValueError) -> None:
     """An `on_rejected` for callers that only count refusals."""
 
 
+def aborts_judged_by(observers: Sequence[Any]) -> Aborted:
+    """An `on_abort` that shows every abort sent to each observer with an `on_abort_call` method
+    (a checker the runtime's capabilities left unrun is not shown any)."""
+    judges = [o for o in observers if hasattr(o, "on_abort_call") and getattr(o, "not_run", None) is None]
+
+    def judge(request_id: str, refused: bool) -> None:
+        for j in judges:
+            j.on_abort_call(request_id, refused)
+
+    return judge
+
+
 def judged_by(observers: Sequence[Any]) -> Rejected:
     """An `on_rejected` that shows every refusal to each observer with an `on_rejected`
     method (the contract model judges whether DESIGN refuses it too)."""
-    judges = [o for o in observers if hasattr(o, "on_rejected")]
+    judges = [o for o in observers if hasattr(o, "on_rejected") and getattr(o, "not_run", None) is None]
 
     def judge(a: Arrival, e: ValueError) -> None:
         for j in judges:

@@ -29,7 +29,7 @@ from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.messages import Progress
 from spyre_verify.protocol import Runtime
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import ServeStats, judged_by
+from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.workload import Abort, Arrival, Item, boundary_arrivals, seeded_workload
 
@@ -131,7 +131,9 @@ def serve(
         if progress and engine.steps % 50 == 0:
             progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
 
-    stats = serve_loop.serve(engine, workload, on_rejected=judged_by(observers), on_step=note)
+    stats = serve_loop.serve(
+        engine, workload, on_rejected=judged_by(observers), on_abort=aborts_judged_by(observers), on_step=note
+    )
     return stats.accepted, stats.rejected
 
 

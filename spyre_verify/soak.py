@@ -30,7 +30,7 @@ from spyre_verify.checks.violations import Checker, InvariantViolation, Violatio
 from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import DEADLINE, ServeStats, judged_by, serve
+from spyre_verify.serve_loop import DEADLINE, ServeStats, aborts_judged_by, judged_by, serve
 from spyre_verify.session import always_on
 from spyre_verify.workload import Item, seeded_workload
 
@@ -183,7 +183,15 @@ def drive(engine: Any, work: list[Item], result: SoakResult, deadline: float, pr
             progress(f"{status_line(result, engine)}, {time.monotonic() - started:.0f} s")
 
     try:  # the contract model judges every refusal
-        serve(engine, work, on_rejected=judged_by(result.checkers), on_step=note, deadline=deadline, stats=stats)
+        serve(
+            engine,
+            work,
+            on_rejected=judged_by(result.checkers),
+            on_abort=aborts_judged_by(result.checkers),
+            on_step=note,
+            deadline=deadline,
+            stats=stats,
+        )
     finally:  # a step that raised keeps the counts so far
         result.submitted, result.rejected = stats.submitted, stats.rejected
         result.aborted, result.abort_missed = stats.aborted, stats.abort_missed

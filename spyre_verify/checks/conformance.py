@@ -15,7 +15,11 @@ event (`missing-finish`).
 
 Also liveness (a request DESIGN admits is eventually served) and the request gate: a
 request DESIGN accepts must be accepted (`wrongly-rejected`, reported by the serve loop
-through `on_rejected`), and one it refuses must be refused (`wrongly-accepted`).
+through `on_rejected`), and one it refuses must be refused (`wrongly-accepted`). The same
+for aborts, which the serve loop reports through `on_abort_call`: an abort DESIGN carries
+out must not be refused (`wrongly-refused-abort`), and one that returns must have ended its
+request with an abort event (`silent-abort`). Every state event carries its step's number,
+and each finish event the number of the state event it follows (`step-number`).
 
 After the first divergence the model adopts the engine's state and keeps going, rather
 than stopping: one bug is reported once (later differences are only counted), while the
@@ -48,6 +52,7 @@ class ContractConformance(Checker):
         self.stopped: set[str] = set()  # the pending step's rows that reported "stop"
         self.reported: set[str] = set()  # the pending step's rows that reported any finish
         self.held: tuple[RowState, ...] = ()  # the running rows after the last judged event
+        self.last_abort: str | None = None  # the request of the abort event judged last, until its call is seen
 
     def attach(self, engine: Any) -> None:
         self.model = ContractModel(engine.config)
@@ -56,6 +61,7 @@ class ContractConformance(Checker):
         self.eos = engine.config.model.eos_token_id
         self.stops: dict[str, frozenset[int]] = {}  # each request's stop tokens, EOS included unless ignored
         self.max_tokens: dict[str, int] = {}
+        self.next_step = engine.steps  # the number the next step's state event must carry
         super().attach(engine)
 
     # -- the request gate --------------------------------------------------------------------
@@ -107,6 +113,10 @@ class ContractConformance(Checker):
         if self.closed:
             return
         self.settle()
+        if ev.step != self.next_step:
+            what = "the abort before step" if ev.kind == "abort" else "step"
+            self.flag("step-number", f"the state event of {what} {self.next_step} says step {ev.step}")
+        self.next_step = ev.step + (ev.kind != "abort")  # one report, then follow the engine's count
         self.pending = ev
         if not ev.finished:  # no finish event follows: judge it now (most steps)
             self.settle()
@@ -124,6 +134,10 @@ class ContractConformance(Checker):
             )
             return
         self.reported.add(ev.request_id)
+        if ev.step != pending.step:
+            self.flag(
+                "step-number", f"{ev.request_id}'s finish event says step {ev.step}, its state event {pending.step}"
+            )
         if ev.reason == "stop":
             self.stopped.add(ev.request_id)
         why = self.wrong_reason(ev, aborted=pending.kind == "abort")
@@ -162,7 +176,7 @@ class ContractConformance(Checker):
         self.steps_checked += 1
         model = self.model
         if ev.kind == "abort":
-            rid = ev.finished[0] if ev.finished else ""
+            rid = self.last_abort = ev.finished[0] if ev.finished else ""
             refusal = model.abort_refusal(rid)
             if refusal is not None:
                 self.divergences += 1
@@ -195,6 +209,19 @@ class ContractConformance(Checker):
         if first:
             kind = "stall" if rule == "stall" else "divergence"
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
+
+    def on_abort_call(self, request_id: str, refused: bool) -> None:
+        """The serve loop reports each abort it sent, once the call has returned or raised."""
+        if self.closed:
+            return
+        self.settle()
+        seen, self.last_abort = self.last_abort == request_id, None
+        design = self.model.abort_refusal(request_id)  # the model has applied any abort event already
+        if refused and design is None:
+            self.flag("wrongly-refused-abort", f"abort({request_id!r}) was refused, but DESIGN ends it: it is live")
+        elif not refused and not seen:
+            why = f"; DESIGN refuses it: {design}" if design is not None else ""
+            self.flag("silent-abort", f"abort({request_id!r}) returned, but no abort event ended it{why}")
 
     def finish(self, engine: Any) -> None:
         self.settle()

@@ -30,7 +30,7 @@ from spyre_verify.defaults import single_thread
 from spyre_verify.hunt.findings import HARNESS_DIR, Finding
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_problem, groups, items_of, shape_of, traces
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
-from spyre_verify.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, serve
+from spyre_verify.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
 from spyre_verify.workload import Abort, Arrival
 
 PROTOCOL = "protocol"
@@ -142,7 +142,8 @@ class ProtocolHunt:
         budget = sum(len(a.prompt) + a.max_tokens for a in items if isinstance(a, Arrival)) + 4
         out: list[tuple[str, str]] = []
         try:
-            serve(guard, feed, on_rejected=lambda a, e: None, max_steps=budget, stats=stats)
+            judge = aborts_judged_by(self.checkers)
+            serve(guard, feed, on_rejected=lambda a, e: None, on_abort=judge, max_steps=budget, stats=stats)
         except InvariantViolation:
             self.close()  # stopped mid-step: the checker has the violation; the runtime is not trusted
         except Exception as e:

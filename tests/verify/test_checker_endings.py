@@ -4,9 +4,14 @@ that leaks blocks, a wrong finish reason and an ignored stop token are each flag
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import pytest
 
 from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from runtime.events import FinishEvent, StateEvent
 from runtime.scheduler import Scheduler
 from spyre_verify import serve_loop
 from spyre_verify.bundled import BundledRuntime as Engine
@@ -23,7 +28,10 @@ def serve(work: list[Item], config: RuntimeConfig = CONFIG) -> tuple[ContractCon
     engine, conformance, output = Engine(config), ContractConformance(), OutputEquivalence()
     conformance.attach(engine)
     output.attach(engine)
-    serve_loop.serve(engine, work, on_rejected=serve_loop.judged_by([conformance]))
+    judges = [conformance]
+    serve_loop.serve(
+        engine, work, on_rejected=serve_loop.judged_by(judges), on_abort=serve_loop.aborts_judged_by(judges)
+    )
     conformance.finish(engine)
     output.finish(engine)
     return conformance, output, engine
@@ -126,3 +134,74 @@ def test_every_ended_request_must_report_its_finish(monkeypatch: pytest.MonkeyPa
     engine.step()
     conformance.finish(engine)
     assert [v.kind for v in conformance.violations] == ["missing-finish"]
+
+
+def test_an_abort_that_returns_without_ending_anything_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Engine.abort
+
+    def quiet_abort(self: Engine, request_id: object) -> None:  # an ended id: returns, ends nothing
+        if request_id not in self.finished:
+            real(self, request_id)
+
+    monkeypatch.setattr(Engine, "abort", quiet_abort)
+    conformance, _, _ = serve([Arrival(0, (1,), 1), Abort(3, 0)])
+    assert [(v.kind, v.message) for v in conformance.violations] == [
+        ("silent-abort", "abort('req-0') returned, but no abort event ended it; DESIGN refuses it: it has ended")
+    ]
+
+
+def test_an_abort_refused_for_a_live_request_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: Engine, request_id: object) -> None:
+        raise RequestError(f"cannot abort request_id={request_id!r}: it has ended")
+
+    monkeypatch.setattr(Engine, "abort", refuse)
+    conformance, _, engine = serve([Arrival(0, (1,), 4, ignore_eos=True), Abort(1, 0)])
+    assert [(v.kind, v.message) for v in conformance.violations] == [
+        ("wrongly-refused-abort", "abort('req-0') was refused, but DESIGN ends it: it is live")
+    ]
+    assert engine.finished["req-0"].reason == "length", "the refused abort left it running to its end"
+
+
+def test_aborts_carried_out_and_refused_as_design_says_are_quiet() -> None:
+    work: list[Item] = [
+        Arrival(0, (1,), 1),
+        Arrival(0, (1,), 6, ignore_eos=True),
+        Abort(3, 0),
+        Abort(3, 1),
+        Abort(4, 1),
+    ]
+    conformance, _, engine = serve(work)
+    assert conformance.ok, conformance.violations
+    assert conformance.summary()["finish_reasons"]["abort"] == 1 and engine.finished["req-1"].reason == "abort"
+
+
+def renumbered(
+    monkeypatch: pytest.MonkeyPatch, shift: Callable[[object], int], max_tokens: int
+) -> list[tuple[str, str]]:
+    """Serve one request through a runtime whose events say step + shift(event); the violations."""
+    engine, conformance = Engine(CONFIG), ContractConformance()
+    conformance.attach(engine)
+    emit = engine.events.emit
+
+    def renumber(kind: str, event: object) -> None:
+        if isinstance(event, (StateEvent, FinishEvent)):
+            event = dataclasses.replace(event, step=event.step + shift(event))
+        emit(kind, event)
+
+    monkeypatch.setattr(engine.events, "emit", renumber)
+    engine.add_request([1], max_tokens, ignore_eos=True)
+    engine.run_until_done()
+    conformance.finish(engine)
+    return [(v.kind, v.message) for v in conformance.violations]
+
+
+def test_a_runtime_that_counts_steps_from_one_is_flagged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert renumbered(monkeypatch, lambda event: 1, max_tokens=5) == [
+        ("step-number", "the state event of step 0 says step 1")
+    ]
+
+
+def test_a_finish_event_numbered_apart_from_its_step_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert renumbered(monkeypatch, lambda event: isinstance(event, FinishEvent), max_tokens=2) == [
+        ("step-number", "req-0's finish event says step 2, its state event 1")
+    ]
