@@ -20,6 +20,17 @@ def test_null_block_is_never_handed_out() -> None:
     assert pool.usable == 4 and pool.num_free == 0
 
 
+def test_owners_is_a_live_read_only_view() -> None:
+    pool = BlockPool(4)
+    owners = pool.owners
+    blocks = pool.allocate("a", 2)
+    assert dict(owners) == {b: "a" for b in blocks}  # the view taken before the allocation sees it
+    pool.free("a", blocks)
+    assert dict(owners) == {}
+    with pytest.raises(TypeError):
+        owners[1] = "b"  # type: ignore[index]
+
+
 def test_exhaustion_raises_and_changes_nothing() -> None:
     pool = BlockPool(4)
     pool.allocate("a", 2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 
@@ -85,3 +87,23 @@ def test_reasons_never_print_an_empty_range_or_none() -> None:
             assert "None" not in p.reason, p
             for a, z in re.findall(r"(\d+)\.\.(\d+)", p.reason):
                 assert int(a) < int(z), (bs, L, p.reason)
+
+
+def test_the_shortest_models_name_the_one_tkv_they_decode_at_or_that_they_decode_none() -> None:
+    # max_model_len=3: a one-token prompt decodes once, at tkv 1; max_model_len=2: never.
+    key = Bucket(BATCHED, BatchedKey(2, 1, F, T))
+    assert reasons(block_size=1, max_model_len=3, max_num_seqs=2)[key] == (
+        "no batch state decodes 2 seqs at 1 blocks (decode runs at tkv 1)"
+    )
+    assert reasons(block_size=1, max_model_len=2, max_num_seqs=2)[key] == (
+        "no batch state decodes 2 seqs at 1 blocks (max_model_len=2 leaves no decode step)"
+    )
+
+
+def test_a_bucket_whose_key_is_not_its_kernels_is_refused_by_name() -> None:
+    with pytest.raises(TypeError) as e:
+        Bucket(DECODE, PrefillKey(8))
+    assert str(e.value) == "a 'decode' bucket takes a <class 'runtime.bucketer.DecodeKey'>, got PrefillKey(tokens=8)"
+    with pytest.raises(ValueError) as v:
+        Bucket.parse("gemm", [1])
+    assert str(v.value) == "unknown kernel 'gemm': one of decode, batched, prefill"

@@ -75,6 +75,12 @@ def test_closed_form_equals_the_walk_for_every_rows_and_blocks(bs: int, L: int, 
 
 
 # -- the bucketer's warm set, bucket by bucket -------------------------------------------------------------
+def test_no_way_in_outside_the_batch_or_below_one_block() -> None:
+    lim = Limits(block_size=4, max_model_len=16, max_num_seqs=2, usable_blocks=100, batch_tkv_limit=10**6)
+    assert decode_costs(lim, 2, 2)  # the control: a batch this config decodes
+    assert decode_costs(lim, 3, 2) == [] and decode_costs(lim, 0, 2) == [] and decode_costs(lim, 2, 0) == []
+
+
 def bucket_configs() -> list[RuntimeConfig]:
     out = []
     for bs, L, S in small_spaces():

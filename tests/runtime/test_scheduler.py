@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -367,8 +368,9 @@ def test_nothing_to_do_is_no_plan() -> None:
 def test_a_plan_is_postprocessed_once_with_one_token_per_row() -> None:
     s = scheduler()
     s.add([1], 3, "a")
-    with pytest.raises(AssertionError, match="postprocess follows schedule"):
+    with pytest.raises(AssertionError) as e:
         s.postprocess([7])
+    assert str(e.value).splitlines()[0] == "postprocess follows schedule"  # pytest may add its own lines below
     plan = plan_prefill(s, "a")
     assert s.schedule() is plan  # a step whose kernels raised is retried with the same plan
     assert [r.request_id for r in s.running] == ["a"]  # ... not admitted twice
@@ -390,3 +392,50 @@ def test_waiting_ids_follow_every_change_to_the_queue() -> None:
     assert s.waiting_ids() == ("b",)  # an abort of a waiting request
     s.add([1], 1, "d")
     assert s.waiting_ids() == tuple(r.request_id for r in s.waiting) == ("b", "d")
+
+
+# -- aborts and request fields ----------------------------------------------------------------
+
+
+def refusal(call: Callable[[], object]) -> str:
+    with pytest.raises(RequestError) as e:
+        call()
+    return str(e.value)
+
+
+def test_abort_ends_a_waiting_or_a_running_request_and_frees_its_blocks() -> None:
+    s = scheduler()
+    free = s.pool.num_free
+    a = admit(s, 3, 4, "a")  # reserves 2 blocks: 4 + 4 - 1 tokens
+    s.add([1], 3, "w")
+    assert s.abort("w").finish_reason == "abort" and not s.waiting
+    assert s.pool.num_free == free - 2
+    assert s.abort("a") is a and a.finish_reason == "abort"
+    assert s.running == [] and s.tkv == 0 and s.pool.num_free == free and s.pool.allocated() == {}
+
+
+def test_abort_refusals_say_whether_the_request_ended_or_never_was() -> None:
+    s = scheduler()
+    admit(s, 1, 1, "done")  # ends at its prefill
+    assert refusal(lambda: s.abort("done")) == "cannot abort request_id='done': it has ended"
+    assert refusal(lambda: s.abort("nope")) == "cannot abort request_id='nope': no such request"
+    assert refusal(lambda: s.abort(7)) == "cannot abort request_id=7: no such request"
+
+
+def test_a_running_request_cannot_be_aborted_mid_step() -> None:
+    s = scheduler()
+    admit(s, 2, 4, "a")
+    s.add([1], 3, "w")
+    plan_prefill(s, "w")  # scheduled, its kernels not yet run
+    message = "cannot abort request_id='a' while a scheduled step is unfinished"
+    assert refusal(lambda: s.abort("a")) == message
+    assert [r.request_id for r in s.running] == ["a", "w"]
+
+
+def test_request_fields_default_and_name_their_faults() -> None:
+    s = scheduler()
+    s.add([1], 3, "plain")
+    assert (s.waiting[-1].stop_token_ids, s.waiting[-1].ignore_eos) == ((), False)
+    stop = "stop_token_ids: token 999 is outside the vocabulary [0, 128)"
+    assert refusal(lambda: s.add([1], 3, "x", stop_token_ids=[999])) == stop
+    assert refusal(lambda: s.add([1], 3, "x", ignore_eos=1)) == "ignore_eos=1: must be True or False"
