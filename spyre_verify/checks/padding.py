@@ -13,7 +13,7 @@ from typing import Any
 from runtime.block_pool import NULL_BLOCK
 from runtime.events import BlockTableEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
-from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.checks.padding_rules import block_table_problems, seq_len_problems
 from spyre_verify.checks.violations import Checker, InvariantViolation
 
 
@@ -70,6 +70,8 @@ class PaddingValidity(Checker):
             ev.null_block,
             ev.seq_lens if self.by_lengths else None,
         )
+        if not self.by_lengths:  # DESIGN fixes each row's length: the event must say the same
+            problems += seq_len_problems(ev.request_ids, ev.left_pads, ev.seq_lens, ev.tkv, ev.kernel)
         for kind, message in problems:
             self.flag(kind, f"step {ev.step}: {message}", kernel=ev.kernel, bucket=str(ev.bucket))
             if kind == "out-of-pool":

@@ -9,6 +9,7 @@ every entry of a padded row, is the null block; no entry points outside the pool
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 from runtime.block_pool import NULL_BLOCK
@@ -84,3 +85,21 @@ def row_problems(
                 )
             )
     return out
+
+
+def seq_len_problems(
+    request_ids: Sequence[str], left_pads: Sequence[int], seq_lens: Sequence[int], tkv: int, kernel: str
+) -> list[tuple[str, str]]:
+    """DESIGN's lengths: a prefill row attends its prompt, tkv - left_pad positions; a decode row
+    those and its new token. (kind, message) for each real row whose seq_len says otherwise."""
+    new = 0 if kernel == PREFILL else 1
+    if len(seq_lens) == len(request_ids) and all(
+        n == tkv + new - lp for n, lp in zip(seq_lens, left_pads, strict=False)
+    ):
+        return []
+    want = [tkv + new - lp for lp in left_pads[: len(request_ids)]]
+    return [
+        ("bad-seq-len", f"{rid}'s seq_len is {got}, DESIGN's {w} (tkv {tkv}, left_pad {lp})")
+        for rid, got, w, lp in itertools.zip_longest(request_ids, seq_lens, want, left_pads[: len(request_ids)])
+        if got != w
+    ]

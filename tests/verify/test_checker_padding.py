@@ -198,6 +198,34 @@ def test_clean_run_is_quiet() -> None:
     assert c.tables_checked == 5  # every step of JOIN emitted one table
 
 
+def test_a_row_length_other_than_designs_is_flagged() -> None:
+    c = checker()
+    c.on_block_table(replace(table(CLEAN), seq_lens=(3, 5)))  # req-a at lp 4, tkv 5 decodes 2 positions
+    assert [(v.kind, v.message) for v in c.violations] == [
+        ("bad-seq-len", "step 9: req-a's seq_len is 3, DESIGN's 2 (tkv 5, left_pad 4)")
+    ]
+
+
+def test_a_prefill_announced_at_its_padded_length_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Engine.subscribe
+
+    def padded_lengths(self: Engine, observer: object) -> object:  # the engine says tkv, not the prompt's length
+        if not isinstance(observer, PaddingValidity):
+            return real(self, observer)
+        on_table = observer.on_block_table
+
+        class Lying:
+            def on_block_table(self, ev: BlockTableEvent) -> None:
+                on_table(replace(ev, seq_lens=(ev.tkv,)) if ev.kernel == PREFILL else ev)
+
+        return real(self, Lying())
+
+    monkeypatch.setattr(Engine, "subscribe", padded_lengths)
+    c, _ = run(None)
+    assert kinds(c) == ["bad-seq-len", "bad-seq-len"]  # both of JOIN's prefills
+    assert c.violations[0].message == "step 0: req-0's seq_len is 4, DESIGN's 1 (tkv 4, left_pad 3)"
+
+
 ROWS = st.lists(st.lists(st.integers(-1, 7), min_size=3, max_size=3), min_size=1, max_size=4)
 HOLDERS = st.dictionaries(st.integers(-1, 7), st.sampled_from(["r0", "r1", "r2"]))
 
