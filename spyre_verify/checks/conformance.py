@@ -53,6 +53,7 @@ class ContractConformance(Checker):
         self.reported: set[str] = set()  # the pending step's rows that reported any finish
         self.held: tuple[RowState, ...] = ()  # the running rows after the last judged event
         self.last_abort: str | None = None  # the request of the abort event judged last, until its call is seen
+        self.ended: dict[str, tuple[tuple[int, ...], str]] = {}  # each finish event's tokens and reason
 
     def attach(self, engine: Any) -> None:
         self.model = ContractModel(engine.config)
@@ -134,6 +135,7 @@ class ContractConformance(Checker):
             )
             return
         self.reported.add(ev.request_id)
+        self.ended[ev.request_id] = (tuple(ev.tokens), ev.reason)
         if ev.step != pending.step:
             self.flag(
                 "step-number", f"{ev.request_id}'s finish event says step {ev.step}, its state event {pending.step}"
@@ -227,6 +229,7 @@ class ContractConformance(Checker):
         self.settle()
         # Events after the run (controls, teardown) are no part of the served trace.
         self.closed = True
+        self.check_records(engine.finished)
         if engine.has_work() or not self.model.has_work():
             return
         m = self.model
@@ -235,6 +238,21 @@ class ContractConformance(Checker):
             f"the engine has nothing left to do after {engine.steps} steps, but DESIGN still serves "
             f"waiting {[w.request_id for w in m.waiting]} and running {[r.request_id for r in m.rows]}",
         )
+
+    def check_records(self, finished: Any) -> None:
+        """What the runtime hands its users (`finished`) must be what its finish events said."""
+        wrong = []
+        for rid, (tokens, reason) in self.ended.items():
+            kept = finished.get(rid)
+            if kept is None:
+                wrong.append(f"{rid} ended ({reason}) but has no entry")
+            elif (tuple(kept.tokens), kept.reason) != (tokens, reason):
+                wrong.append(
+                    f"{rid} has {kept.reason} {list(kept.tokens)}, its finish event said {reason} {list(tokens)}"
+                )
+        if wrong:
+            more = f" (and {len(wrong) - 1} more requests)" if len(wrong) > 1 else ""
+            self.flag("finish-record", f"the runtime's finished record disagrees with its events: {wrong[0]}{more}")
 
     @property
     def fired(self) -> Counter[str]:
