@@ -140,15 +140,27 @@ def serve(
 def abort_edges(config: RuntimeConfig) -> list[Item]:
     """Aborts of running requests, which a seeded workload's long queue makes rare: `a` runs,
     `b` joins, `a` is aborted right after `b`'s prefill (DESIGN "Reachable.": a state no
-    natural finish reaches), then `b`, alone, is aborted and the batch empties. Both ignore
-    the EOS, so they run until aborted; an abort that finds its request ended is a miss."""
-    mt = max(1, min(4, config.max_model_len - config.block_size))
-    return [
+    natural finish reaches), then `b`, alone, is aborted and the batch empties. Then, where
+    two blocks and three tokens fit, the same with a strip: `c` of bs + 1 tokens runs at tkv
+    2 bs, one-token `d` joins with a whole block of left padding, and aborting `c` must strip
+    it at once (DESIGN "Abort."); `d` decodes once alone before its abort. All ignore the EOS,
+    so they run until aborted; an abort that finds its request ended is a miss."""
+    bs, L = config.block_size, config.max_model_len
+    mt = max(1, min(4, L - bs))
+    edges: list[Item] = [
         Arrival(0, (1,), mt, ignore_eos=True),
         Arrival(1, (2, 3), mt, ignore_eos=True),
         Abort(2, 0),
         Abort(3, 1),
     ]
+    if 2 * bs + 3 <= L and config.max_num_seqs >= 2:
+        edges += [
+            Arrival(4, (1,) * (bs + 1), 2, ignore_eos=True),
+            Arrival(5, (1,), 3, ignore_eos=True),
+            Abort(6, 2),
+            Abort(7, 3),
+        ]
+    return edges
 
 
 def cover(engine: Any, progress: Progress | None = None) -> tuple[int, list[str]]:

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from runtime.events import FinishEvent, StateEvent
+from runtime.events import Finished, FinishEvent, StateEvent
 from runtime.scheduler import Scheduler
 from spyre_verify import serve_loop
 from spyre_verify.bundled import BundledRuntime as Engine
@@ -98,9 +98,15 @@ def test_a_stop_the_request_did_not_ask_for_is_flagged(monkeypatch: pytest.Monke
 
 
 def test_an_aborted_request_is_compared_on_the_prefix_it_produced(monkeypatch: pytest.MonkeyPatch) -> None:
-    conformance, output, engine = serve(abort_edges(CONFIG))
-    assert conformance.ok and output.ok and output.compared == 2 and output.aborted == 2
-    assert all(0 < len(f.tokens) < 4 and f.reason == "abort" for f in engine.finished.values())
+    edges = abort_edges(CONFIG)
+    conformance, output, engine = serve(edges)
+    arrivals = [a for a in edges if isinstance(a, Arrival)]
+    assert len(arrivals) == 4, "the default config fits the stripping pair too"
+    assert conformance.ok and output.ok and output.compared == output.aborted == len(arrivals)
+    assert all(
+        0 < len(f.tokens) < a.max_tokens and f.reason == "abort"
+        for f, a in zip(engine.finished.values(), arrivals, strict=True)
+    )
     # A prefix that differs from the reference is still a token mismatch.
     pick = Engine._pick
     monkeypatch.setattr(Engine, "_pick", lambda self, rids, logits: [(t + 1) % 64 for t in pick(self, rids, logits)])
@@ -205,3 +211,40 @@ def test_a_finish_event_numbered_apart_from_its_step_is_flagged(monkeypatch: pyt
     assert renumbered(monkeypatch, lambda event: isinstance(event, FinishEvent), max_tokens=2) == [
         ("step-number", "req-0's finish event says step 2, its state event 1")
     ]
+
+
+def test_a_finished_record_without_its_stop_token_is_flagged_once() -> None:
+    engine, conformance = Engine(CONFIG), ContractConformance()
+    conformance.attach(engine)
+    serve_loop.serve(engine, seeded_workload(CONFIG, 40, seed=0, endings=True))
+    stopped = [f for f in engine.finished.values() if f.reason == "stop"]
+    assert len(stopped) >= 2, "the control needs requests that stopped"
+    for f in stopped:  # the record users read drops the stop token its finish event carried
+        engine.finished[f.request_id] = Finished(f.request_id, f.tokens[:-1], f.reason)
+    conformance.finish(engine)
+    first = stopped[0]
+    assert [(v.kind, v.message) for v in conformance.violations] == [
+        (
+            "finish-record",
+            f"the runtime's finished record disagrees with its events: {first.request_id} has stop "
+            f"{list(first.tokens[:-1])}, its finish event said stop {list(first.tokens)} "
+            f"(and {len(stopped) - 1} more requests)",
+        )
+    ]
+
+
+def test_an_abort_that_leaves_its_strip_to_the_next_step_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Scheduler.abort
+
+    def lazy_abort(self: Scheduler, request_id: object) -> object:
+        self._strip = lambda: None  # type: ignore[method-assign]  # only an emptied batch is reset
+        try:
+            return real(self, request_id)
+        finally:
+            del self._strip
+            self.tkv = self.tkv if self.running else 0
+
+    monkeypatch.setattr(Scheduler, "abort", lazy_abort)
+    conformance, _, _ = serve(abort_edges(CONFIG))
+    v = conformance.violations[0]
+    assert v.kind == "divergence" and "rule 'strip'" in v.message, conformance.violations
