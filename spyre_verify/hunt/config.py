@@ -8,6 +8,7 @@ env (KV override, batched flag, backend) as the oracle reads it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hypothesis import strategies as st
@@ -35,7 +36,20 @@ _JUNK: tuple[Any, ...] = ("", " ", "a", "+{}", "0{}", "{}.0", "-{}", "{} ", "000
 _LIMIT_TEXTS: tuple[Any, ...] = ("{}", " {}", "{} ", "0{}", "{}\n")
 _EDGE_LIMIT_TEXTS = ("0", "-1", "", " ", "-{}", "+{}", "{}.0", "1e3", "{} {}", "0x10", "\u0663", "9" * 19)
 _EDGE_LIMITS: tuple[Any, ...] = (0, -1, True, False, 4.0, "20", None)
-DEFECTS = ("none", "block_size", "max_model_len", "max_num_seqs", "num_blocks", "kv", "batched", "backend", "tkv_limit")
+# The fields an env variable overrides (DESIGN's SPYRE_* variables), as `env_overrides()` writes them.
+ENV_FIELDS = ("kv_buckets", "batched_decode", "backend", "max_batch_tkv_limit")
+DEFECTS = (
+    "none",
+    "block_size",
+    "max_model_len",
+    "max_num_seqs",
+    "num_blocks",
+    "kv",
+    "batched",
+    "backend",
+    "tkv_limit",
+    "kv_order",
+)
 
 
 def pick(ch: Choices, options: tuple[Any, ...]) -> Any:
@@ -76,8 +90,10 @@ def draw_raw_config(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
     env: dict[str, str] = {}
     if defect == "kv":
         env[ENV_KV_BUCKETS] = draw_raw_rungs(ch, good, per_seq)
-    elif ch.flag():
-        env[ENV_KV_BUCKETS] = draw_kv_override(ch, good, max(L, 1) if type(L) is int else 1)
+    elif defect == "kv_order" or ch.flag():
+        rungs = draw_kv_override(ch, good, max(L, 1) if type(L) is int else 1).split(",")
+        # kv_order: a ladder that breaks no rule but its order, which must be refused, never re-sorted.
+        env[ENV_KV_BUCKETS] = ",".join(reversed(rungs) if defect == "kv_order" else rungs)
     if defect == "batched" or not ch.between(0, 3):
         env[ENV_BATCHED_DECODE] = pick(ch, _EDGE_FLAGS if defect == "batched" else _FLAGS)
     if defect == "backend" or not ch.between(0, 3):
@@ -155,4 +171,22 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"
         return [Finding("config", "config-acceptance", msg, None, c, details=where)]
-    return []
+    return env_round_trip(c, where)
+
+
+def env_round_trip(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:
+    """Reproducers carry a config's env overrides (`env_overrides()`): read back over the other
+    fields, they must give the same config."""
+    env = c.env_overrides()
+    rest = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in ENV_FIELDS}
+    try:
+        back = RuntimeConfig.from_env(env, **rest)
+    except ConfigError as e:
+        why = f"a refusal: {e}"
+    else:
+        if back == c:
+            return []
+        differ = [f for f in ENV_FIELDS if getattr(back, f) != getattr(c, f)]
+        why = ", ".join(f"{f}={getattr(back, f)!r}, not {getattr(c, f)!r}" for f in differ)
+    msg = f"the env overrides the runtime reports for an accepted config, {env}, read back with {why}"
+    return [Finding("config", "env-round-trip", msg, None, c, details=where)]

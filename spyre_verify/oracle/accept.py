@@ -145,6 +145,8 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
     limit = s["max_batch_tkv_limit"]
     if limit is not None and not _count(limit):  # DESIGN: a limit that is not a positive integer is refused
         return f"max_batch_tkv_limit={limit!r} is not a positive integer"
+    if limit is not None and len(str(limit)) > MAX_DIGITS:  # the env's digit limit: a reproducer must carry it
+        return f"max_batch_tkv_limit={limit!r} has more than {MAX_DIGITS} digits"
     kv = s["kv_buckets"]
     if kv is not None:
         why = _kv_problem(kv, bs, L, per_seq)

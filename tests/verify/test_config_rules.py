@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import find, settings
 
 import runtime.config
-from runtime.config import ENV_KV_BUCKETS, RuntimeConfig
+from runtime.config import ENV_BATCH_TKV, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify.cli.main import main
-from spyre_verify.hunt.config import check_config
+from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.oracle import accept
 
 
@@ -143,3 +144,37 @@ def test_the_hunt_finds_a_runtime_that_drops_a_rule(
     monkeypatch.setattr(runtime.config, "RULES", kept)
     [finding] = check_config({**kwargs, "backend": "eager"}, env)
     assert finding.kind == "config-acceptance" and "accepts a config DESIGN rejects" in finding.message
+
+
+# -- reproducers: a config's env overrides read back as the same config ------------------------------
+
+
+def test_env_overrides_read_back_as_the_config_they_came_from() -> None:
+    kwargs = {"block_size": 4, "max_model_len": 16, "max_batch_tkv_limit": 20, "backend": "aot_eager"}
+    assert check_config(kwargs, {ENV_KV_BUCKETS: "8,16", ENV_BATCHED_DECODE: "0"}) == []
+
+
+def test_the_hunt_finds_env_overrides_that_leave_the_limit_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    full = RuntimeConfig.env_overrides
+    monkeypatch.setattr(
+        RuntimeConfig, "env_overrides", lambda self: {k: v for k, v in full(self).items() if k != ENV_BATCH_TKV}
+    )
+    [finding] = check_config({"block_size": 4, "max_model_len": 16, "max_batch_tkv_limit": 20, "backend": "eager"}, {})
+    assert finding.kind == "env-round-trip" and "max_batch_tkv_limit=None" in finding.message, finding.message
+
+
+def test_the_hunt_draws_clean_kv_overrides_in_decreasing_order() -> None:
+    """A runtime that re-sorts an override is caught only by one that is out of order and
+    breaks no other rule: the config property must draw such overrides."""
+
+    def clean_and_decreasing(case: tuple[dict[str, Any], dict[str, str]]) -> bool:
+        kwargs, env = case
+        rungs = [r.strip() for r in env.get(ENV_KV_BUCKETS, "").split(",")]
+        if len(rungs) < 2 or not all(r.isdigit() for r in rungs):
+            return False
+        values = [int(r) for r in rungs]
+        increasing = {**env, ENV_KV_BUCKETS: ",".join(map(str, sorted(values)))}
+        return values == sorted(values, reverse=True) and accept.config_problem(kwargs, increasing) is None
+
+    kwargs, env = find(raw_configs(), clean_and_decreasing, settings=settings(max_examples=2000, database=None))
+    assert accept.config_problem(kwargs, env) is not None and not accepted(kwargs, env)

@@ -42,7 +42,9 @@ ENV_EDGES = {
 KWARG_EDGES: list[tuple[object, bool]] = [
     (20, True),
     (1, True),
-    (10**30, True),
+    (10**18 - 1, True),
+    (10**18, False),  # past the env's 18 digits: no reproducer could carry it
+    (10**30, False),
     (None, True),
     (0, False),
     (-1, False),
