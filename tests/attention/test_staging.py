@@ -14,10 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
+from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import SERVING, EventBus
+from runtime.metadata import MetadataBuilder, SeqState
 from runtime.paged_attention import PagedAttention
 from runtime.warmup import Seams
 
@@ -183,3 +185,20 @@ def test_fail_on_recompile_catches_warmup_on_fresh_tensors() -> None:
         attn.call(wide, attn.args_for(wide))  # a full-width slice is contiguous: same strides, same graph
         with pytest.raises(RuntimeError, match="block_table' stride mismatch"):
             attn.call(narrow, attn.args_for(narrow))
+
+
+def test_every_staged_row_is_the_metadatas_padded_rows_included() -> None:
+    """A padded row must point at the null block on the step it pads, not at the blocks a
+    real row staged there on an earlier step (freed since, and perhaps another request's)."""
+    paged, builder = (
+        PagedAttention(SMALL, SpyreAttnBucketer(SMALL), EventBus()),
+        MetadataBuilder(SpyreAttnBucketer(SMALL)),
+    )
+    rows = [SeqState(f"r{i}", (2 * i + 1, 2 * i + 2), 5, 0) for i in range(4)]
+    for seqs in (rows, rows[:3]):  # four real rows, then three padded to four
+        md = builder.build_decode(seqs, 5)
+        paged.stage_decode(md)
+        width = len(md.block_table[0])
+        staged = paged.staging.block_table[: len(md.block_table), :width].tolist()
+        assert staged == [list(r) for r in md.block_table], md.bucket
+    assert md.bucket == Bucket(BATCHED, BatchedKey(4, 2, True, False)) and staged[3] == [NULL_BLOCK] * 2
