@@ -152,17 +152,25 @@ configs = st.composite(draw_config)
 def draw_tkv_limit(draw: Draw, block_size: int, max_model_len: int, max_num_seqs: int) -> int | None:
     """`max_batch_tkv_limit`, from binding to never binding; shrinks toward unset (the default
     `max_model_len * max_num_seqs`). Binding: at most one full row, down to where a lone request
-    of one block can decode only a step or two; between: a few rows' worth; else never binding."""
+    of one block can decode only a step or two; between: a few rows' worth; never binding; or on
+    the edge of a few rows' volume near one or two blocks."""
     ch = choices(draw)
     choice = ch.between(0, 3)
-    L, S = max_model_len, max_num_seqs
+    L, S, bs = max_model_len, max_num_seqs, block_size
     if choice == 0:
         return None
-    if choice == 1:
-        return ch.between(block_size, L)
     if choice == 2:
         return ch.between(L, L * S)
-    return L * S + ch.between(0, 1) * L
+    if choice == 3:
+        return L * S + ch.between(0, 1) * L
+    if ch.flag():
+        return ch.between(block_size, L)
+    # On an edge the pruning's closed form draws: s rows at a tkv near one or two blocks, one
+    # position under or at their volume s * (tkv + 1). A window a position or two wide (a
+    # wrong constant in one way in) is found here, not by a uniform draw over 1..L.
+    rows = ch.between(1, min(S, 3))
+    tkv = ch.between(1, 2) * bs + ch.between(-1, 2)
+    return max(1, rows * (tkv + 1) - ch.between(0, 1))
 
 
 # -- requests and events -----------------------------------------------------------------------
