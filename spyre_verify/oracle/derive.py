@@ -87,6 +87,23 @@ def prefill_key(lad: Ladders, tkv: int) -> Bucket:
     return _prefill(ceil_div(tkv, lad.block_size) * lad.block_size)
 
 
+def key_space(c: RuntimeConfig) -> frozenset[Bucket]:
+    """Every key DESIGN's formulas give some batch shape, reachable or not: decodes of 1..S rows
+    at tkv 1..L - 2 and prefills at tkv 1..L - 1, ignoring pool, volume and scheduling. A bucket
+    outside it is unreachable on any run; it bounds the reachable set from above when the walk
+    is only sampled. Rows and tkv are visited only where a key can change (at a rung and one
+    past it), so it costs ladders, not L * S."""
+    lad, bs, L, S = ladders(c), c.block_size, c.max_model_len, c.max_num_seqs
+    seqs = {1, S} | {x for n in (*lad.num_seqs, lad.min_batched) for x in (n - 1, n, n + 1) if 1 <= x <= S}
+    top = ceil_div(L, bs)
+    # decode_blocks(t) = m for t in [(m - 1) bs, m bs - 1]: the first tkv of each block count stands for it.
+    tkvs = {t for m in range(1, top + 1) for t in ((m - 1) * bs, m * bs - 1) if 1 <= t <= L - 2}
+    decodes = {k for s in seqs for t in tkvs if (k := decode_key(lad, s, t)) is not None}
+    # A prefill pads to m blocks from tkv (m - 1) bs + 1 on; it needs that tkv <= L - 1.
+    prefills = {prefill_key(lad, m * bs) for m in range(1, top + 1) if (m - 1) * bs + 1 <= L - 1}
+    return frozenset(decodes | prefills)
+
+
 # Buckets are immutable: one object per key serves every caller. The hunts ask for millions
 # of keys of a few thousand buckets, and building one costs two frozen dataclasses.
 @functools.lru_cache(maxsize=4096)
