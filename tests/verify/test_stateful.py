@@ -123,7 +123,8 @@ def test_the_machine_stops_and_aborts_requests_of_every_kind() -> None:
                 seen[why] += 1
             return why
 
-    run_state_machine_as_test(SchedulerMachine.for_factory(Counting), settings=bounded(max_examples=30))
+    # 60: the first 40 derandomized examples abort a running request only once (tight limits refuse much).
+    run_state_machine_as_test(SchedulerMachine.for_factory(Counting), settings=bounded(max_examples=60))
     assert all(n >= 3 for n in seen.values()), seen
 
 
