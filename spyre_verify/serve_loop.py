@@ -196,14 +196,19 @@ def ignore(arrival: Arrival, error: ValueError) -> None:
     """An `on_rejected` for callers that only count refusals."""
 
 
+def _judges(observers: Sequence[Any], method: str) -> list[Callable[..., None]]:
+    """Each observer's `method`, for observers that have it (a checker the runtime's capabilities
+    left unrun is shown nothing)."""
+    return [getattr(o, method) for o in observers if hasattr(o, method) and getattr(o, "not_run", None) is None]
+
+
 def aborts_judged_by(observers: Sequence[Any]) -> Aborted:
-    """An `on_abort` that shows every abort sent to each observer with an `on_abort_call` method
-    (a checker the runtime's capabilities left unrun is not shown any)."""
-    judges = [o for o in observers if hasattr(o, "on_abort_call") and getattr(o, "not_run", None) is None]
+    """An `on_abort` that shows every abort sent to each observer with an `on_abort_call` method."""
+    judges = _judges(observers, "on_abort_call")
 
     def judge(request_id: str, refused: bool) -> None:
         for j in judges:
-            j.on_abort_call(request_id, refused)
+            j(request_id, refused)
 
     return judge
 
@@ -211,10 +216,10 @@ def aborts_judged_by(observers: Sequence[Any]) -> Aborted:
 def judged_by(observers: Sequence[Any]) -> Rejected:
     """An `on_rejected` that shows every refusal to each observer with an `on_rejected`
     method (the contract model judges whether DESIGN refuses it too)."""
-    judges = [o for o in observers if hasattr(o, "on_rejected") and getattr(o, "not_run", None) is None]
+    judges = _judges(observers, "on_rejected")
 
     def judge(a: Arrival, e: ValueError) -> None:
         for j in judges:
-            j.on_rejected(a.prompt, a.max_tokens, str(e))
+            j(a.prompt, a.max_tokens, str(e))
 
     return judge

@@ -93,11 +93,9 @@ def seq_len_problems(
     """DESIGN's lengths: a prefill row attends its prompt, tkv - left_pad positions; a decode row
     those and its new token. (kind, message) for each real row whose seq_len says otherwise."""
     new = 0 if kernel == PREFILL else 1
-    if len(seq_lens) == len(request_ids) and all(
-        n == tkv + new - lp for n, lp in zip(seq_lens, left_pads, strict=False)
-    ):
-        return []
     want = [tkv + new - lp for lp in left_pads[: len(request_ids)]]
+    if list(seq_lens) == want:
+        return []
     return [
         ("bad-seq-len", f"{rid}'s seq_len is {got}, DESIGN's {w} (tkv {tkv}, left_pad {lp})")
         for rid, got, w, lp in itertools.zip_longest(request_ids, seq_lens, want, left_pads[: len(request_ids)])
