@@ -131,7 +131,7 @@ class Engine:
         """After a step or an abort: record the ended requests, then emit the state and each finish."""
         sched, bus = self.scheduler, self.events
         if bus.wants("state"):
-            waiting, rows = sched.waiting_ids(), sched.row_states()
+            waiting, rows = sched.waiting_ids, sched.row_states()
             finished = tuple(r.request_id for r in done)
             state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, self.pool.num_free)
             bus.emit("state", state)

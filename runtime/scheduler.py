@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.block_pool import BlockPool
 from runtime.bucketer import Bucket
@@ -99,6 +100,23 @@ class StepPlan:
         return tuple(s.request_id for s in self.rows)
 
 
+class QueueIds(Sequence[str]):
+    """The waiting queue's ids, live and read-only as `BlockTableEvent.owners` is: the state event
+    lists them every step, and the queue can be long. Copy it to keep it."""
+
+    def __init__(self, queue: deque[Request]) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[str]:
+        return (r.request_id for r in self._queue)
+
+    def __getitem__(self, i: Any) -> Any:
+        return tuple(self)[i]
+
+
 class Scheduler:
     def __init__(self, config: RuntimeConfig, pool: BlockPool, builder: MetadataBuilder) -> None:
         self.config = config
@@ -111,7 +129,7 @@ class Scheduler:
         self._next_id = 0
         self._ids: set[str] = set()
         self._plan: StepPlan | None = None  # scheduled, not yet postprocessed
-        self._waiting_ids: tuple[str, ...] | None = None  # the queue's ids, until it next changes
+        self.waiting_ids = QueueIds(self.waiting)  # live: the state event hands it out every step
 
     def validate(self, prompt: object, max_tokens: object, request_id: object) -> tuple[tuple[int, ...], int, str]:
         """Check a request without touching any state; raise RequestError naming the fault."""
@@ -162,7 +180,6 @@ class Scheduler:
             self._next_id = int(rid.removeprefix("req-")) + 1
         self._ids.add(rid)
         self.waiting.append(Request(rid, tokens, mt, stops, ignore_eos))
-        self._waiting_ids = None
         return rid
 
     def abort(self, request_id: object) -> Request:
@@ -174,7 +191,6 @@ class Scheduler:
             raise RequestError(f"cannot abort request_id={request_id!r}: {why}")
         if req in self.waiting:
             self.waiting.remove(req)
-            self._waiting_ids = None
             req.finish_reason = "abort"
             return req
         if self._plan is not None:  # only after a step's kernels raised: its rows are still in flight
@@ -255,7 +271,7 @@ class Scheduler:
         return Admission(req, shift, tkv, need)
 
     def _admit(self, adm: Admission) -> Request:
-        req, self._waiting_ids = self.waiting.popleft(), None
+        req = self.waiting.popleft()
         assert req is adm.request
         for r in self.running:
             r.left_pad += adm.shift
@@ -277,12 +293,6 @@ class Scheduler:
 
     def seq_states(self) -> list[SeqState]:
         return [r.seq_state() for r in self.running]
-
-    def waiting_ids(self) -> tuple[str, ...]:
-        # Rebuilt only when the queue changed: the state event lists it every step, and it can be long.
-        if self._waiting_ids is None:
-            self._waiting_ids = tuple([r.request_id for r in self.waiting])
-        return self._waiting_ids
 
     def row_states(self) -> tuple[RowState, ...]:
         rows = ((r, self.pool.reserved(r.request_id)) for r in self.running)

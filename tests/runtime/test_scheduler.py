@@ -380,18 +380,19 @@ def test_a_plan_is_postprocessed_once_with_one_token_per_row() -> None:
 
 def test_waiting_ids_follow_every_change_to_the_queue() -> None:
     s = scheduler(max_num_seqs=1)
-    assert s.waiting_ids() == ()
+    ids = s.waiting_ids
+    assert tuple(ids) == () and len(ids) == 0
     for rid in ("a", "b", "c"):
         s.add([1] * 3, 2, rid)
-    assert s.waiting_ids() == ("a", "b", "c")
-    assert s.waiting_ids() is s.waiting_ids()  # unchanged queue: the same tuple, not rebuilt
+    assert tuple(ids) == ("a", "b", "c") and len(ids) == 3 and ids[0] == "a" and ids[-1] == "c"
+    assert s.waiting_ids is ids  # one live view, never rebuilt
     plan_prefill(s, "a")
     s.postprocess([7])
-    assert s.waiting_ids() == ("b", "c")  # the admission popped the head
+    assert tuple(ids) == ("b", "c")  # the admission popped the head
     s.abort("c")
-    assert s.waiting_ids() == ("b",)  # an abort of a waiting request
+    assert tuple(ids) == ("b",)  # an abort of a waiting request
     s.add([1], 1, "d")
-    assert s.waiting_ids() == tuple(r.request_id for r in s.waiting) == ("b", "d")
+    assert tuple(ids) == tuple(r.request_id for r in s.waiting) == ("b", "d") == tuple(ids[0:2])
 
 
 # -- aborts and request fields ----------------------------------------------------------------
