@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from functools import cached_property
 
 from runtime import ladders
@@ -55,10 +55,17 @@ KEY_TYPES: dict[str, type[Key]] = {DECODE: DecodeKey, BATCHED: BatchedKey, PREFI
 class Bucket:
     kernel: str
     key: Key
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.key) is not KEY_TYPES.get(self.kernel):
             raise TypeError(f"a {self.kernel!r} bucket takes a {KEY_TYPES.get(self.kernel)}, got {self.key!r}")
+        # Hashed once: every step looks its bucket up several times. Ints only (the kernel by its
+        # index), so the hash is the same in every process and a pickled bucket keeps a valid one.
+        object.__setattr__(self, "_hash", hash((KERNELS.index(self.kernel), self.key)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         return f"{self.kernel}{self.key}"
@@ -94,6 +101,8 @@ class SpyreAttnBucketer:
         self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.min_batched_seqs)
         self.prefill_tokens = ladders.prefill_ladder(bs, L)
         self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks, config.batch_tkv_limit)
+        self._memo: dict[tuple[int | str, int], Bucket] = {}
+        self._canonical: dict[Bucket, Bucket] = {}
 
     def kv_rung(self, blocks: int) -> int:
         return ladders.round_up(self.kv_blocks, blocks, "KV blocks")
@@ -112,15 +121,24 @@ class SpyreAttnBucketer:
 
     def decode_bucket(self, seqs: int, blocks: int) -> Bucket:
         """The bucket a decode of `seqs` real rows needing `blocks` entries dispatches to."""
-        kv = self.kv_rung(blocks)
-        if not self.uses_batched(seqs):
-            return Bucket(DECODE, DecodeKey(kv))
-        n = self.seqs_rung(seqs)
-        needs_gather = seqs < n
-        return Bucket(BATCHED, BatchedKey(n, kv, needs_gather, not needs_gather))
+        if (seqs, blocks) in self._memo:
+            return self._memo[seqs, blocks]
+        kv, n = self.kv_rung(blocks), self.seqs_rung(seqs) if self.uses_batched(seqs) else 0
+        b = Bucket(BATCHED, BatchedKey(n, kv, seqs < n, seqs >= n)) if n else Bucket(DECODE, DecodeKey(kv))
+        return self._remember((seqs, blocks), b)
 
     def prefill_bucket(self, tokens: int) -> Bucket:
-        return Bucket(PREFILL, PrefillKey(self.prefill_rung(tokens)))
+        if (PREFILL, tokens) in self._memo:
+            return self._memo[PREFILL, tokens]
+        return self._remember((PREFILL, tokens), Bucket(PREFILL, PrefillKey(self.prefill_rung(tokens))))
+
+    def _remember(self, args: tuple[int | str, int], b: Bucket) -> Bucket:
+        """One object per bucket, the warm plan's, kept by batch size: a step's bucket is then found in
+        every dict and set by identity, not by comparing dataclasses field by field."""
+        if not self._canonical:
+            self._canonical.update((c, c) for c in self._verdicts)
+        b = self._memo[args] = self._canonical.setdefault(b, b)
+        return b
 
     @cached_property
     def _verdicts(self) -> dict[Bucket, str | None]:

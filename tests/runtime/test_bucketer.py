@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -204,3 +207,36 @@ def test_keys_are_typed_per_kernel_and_print_as_tuples() -> None:
         Bucket(DECODE, PrefillKey(4))
     with pytest.raises(ValueError, match="unknown kernel 'gemm'"):
         Bucket.parse("gemm", [1])
+
+
+def test_a_steps_bucket_is_the_warm_plans_own_object() -> None:
+    """Interned: a step's bucket is found in every dict and set by identity, and it is the bucket
+    the rung rules give, whatever was asked before."""
+    b = SpyreAttnBucketer(RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4))
+    warm = {x: x for x in b.candidates()}  # the objects warmup compiles and events carry
+    for seqs in range(1, 5):
+        for blocks in range(1, 9):
+            got = b.decode_bucket(seqs, blocks)
+            assert got is b.decode_bucket(seqs, blocks)
+            kv = b.kv_rung(blocks)
+            n = b.seqs_rung(seqs) if b.uses_batched(seqs) else 0
+            want = Bucket(BATCHED, BatchedKey(n, kv, seqs < n, seqs == n)) if n else Bucket(DECODE, DecodeKey(kv))
+            assert got == want and warm[got] is got
+    for tokens in range(1, 33):
+        got = b.prefill_bucket(tokens)
+        assert got is b.prefill_bucket(tokens) and got == Bucket(PREFILL, PrefillKey(b.prefill_rung(tokens)))
+        assert warm[got] is got
+
+
+def test_a_bucket_hashes_by_value_in_every_process() -> None:
+    """The hash is cached, so it must be one only equal buckets share and that survives pickling."""
+    b = SpyreAttnBucketer(RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4))
+    every = list(b.candidates())
+    for x in every:
+        copy = pickle.loads(pickle.dumps(x))
+        assert copy == x and hash(copy) == hash(x) and {x: 1}[copy] == 1
+        assert hash(Bucket(x.kernel, x.key)) == hash(x)
+    assert len({hash(x) for x in every}) == len(every)  # no collisions among one config's buckets
+    code = "import pickle, sys; b = pickle.loads(sys.stdin.buffer.read()); print(hash(b) == hash(type(b)(b.kernel, b.key)))"
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(every[-1]), capture_output=True, check=True)
+    assert out.stdout.strip() == b"True"  # another process, another str hash seed

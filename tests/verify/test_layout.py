@@ -10,9 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # checksum out, merging one-concept files and compacting took it from 1,970 to 1,809;
 # the rest is code, imports and the blank lines ruff format requires. Issue 15's stop
 # tokens, aborts and volumetric limit then added about 150 lines of real rules, and
-# issue 17's cached queue ids (a state event in O(1), not O(queue)) ten more. This
-# guards the ground won until a cut of real code is decided.
-RUNTIME_LINE_BUDGET = 1_970
+# issue 17's cached queue ids ten more; its live queue view (a state event in O(1), not
+# O(queue) on every queue change) and one interned object per bucket (a step's bucket is
+# found in every dict by identity) another 30. This guards the ground won until a cut of
+# real code is decided.
+RUNTIME_LINE_BUDGET = 2_000
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
