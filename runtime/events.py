@@ -1,10 +1,12 @@
 """The event interface: an observer is any object with some of the `on_<kind>` methods below.
 An event is built only when someone listens (`EventBus.wants`), so an engine with no observer
-pays one cached lookup per emit site."""
+pays one cached lookup per emit site. Events are read-only: every observer sees the same
+object. The ones built every step are plain slotted dataclasses, not frozen ones, whose
+field-by-field `object.__setattr__` made building them cost several times more."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +16,7 @@ WARMUP = "warmup"
 SERVING = "serving"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BatchInfo:
     """The real batch behind a dispatch."""
 
@@ -31,7 +33,7 @@ class BatchInfo:
         return f"{self.num_seqs} seqs, tkv={self.tkv}, seq_lens={list(self.seq_lens)}, left_pads={list(self.left_pads)}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DispatchEvent:
     kernel: str
     bucket: Bucket
@@ -66,7 +68,7 @@ class CallEvent:
     phase: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BlockTableEvent:
     kernel: str
     bucket: Bucket
@@ -81,7 +83,7 @@ class BlockTableEvent:
     null_block: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class KVWriteEvent:
     """Every slot (block * block_size + offset) one step writes, before its kernels run."""
 
@@ -130,7 +132,7 @@ class StepEvent:
     finished: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowState:
     """One running row after a step, as the scheduler holds it."""
 
@@ -142,7 +144,7 @@ class RowState:
     reserved: int  # blocks still promised to it, not yet allocated
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StateEvent:
     """The batch after a step (or after an abort): what a contract model is compared with."""
 
@@ -151,7 +153,7 @@ class StateEvent:
     admitted: str | None  # the request this step prefilled
     tkv: int
     rows: tuple[RowState, ...]
-    waiting: tuple[str, ...]
+    waiting: Sequence[str]  # the queue's ids, live as `owners` is: read it in the handler, copy it to keep it
     finished: tuple[str, ...]
     free_blocks: int
 
