@@ -113,16 +113,16 @@ class ContractConformance(Checker):
     def on_state(self, ev: StateEvent) -> None:
         if self.closed:
             return
-        self.settle()
+        if self.pending is not None:
+            self.settle()
         if ev.step != self.next_step:
             what = "the abort before step" if ev.kind == "abort" else "step"
             self.flag("step-number", f"the state event of {what} {self.next_step} says step {ev.step}")
         self.next_step = ev.step + (ev.kind != "abort")  # one report, then follow the engine's count
-        self.pending = ev
         if not ev.finished:  # no finish event follows: judge it now (most steps)
-            self.settle()
+            self.judge(ev, ())
         else:
-            self.stopped, self.reported = set(), set()
+            self.pending, self.stopped, self.reported = ev, set(), set()
 
     def on_finish(self, ev: FinishEvent) -> None:
         if self.closed:
@@ -174,7 +174,10 @@ class ContractConformance(Checker):
         missing = [rid for rid in ev.finished if rid not in self.reported]
         if missing:
             self.flag("missing-finish", f"step {ev.step}: {missing} ended ({ev.kind}) without a finish event")
-        stopped = self.stopped if ev.finished else ()
+        self.judge(ev, self.stopped)
+
+    def judge(self, ev: StateEvent, stopped: set[str] | tuple[()]) -> None:
+        """Step the model (or abort in it) as the engine did, then hold the engine's state to it."""
         self.steps_checked += 1
         model = self.model
         if ev.kind == "abort":

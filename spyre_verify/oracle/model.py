@@ -61,7 +61,7 @@ class Pending:
     max_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built every step, and a frozen init costs 8x (object.__setattr__ a field)
 class ModelStep:
     kind: str  # "prefill", "decode", "idle" or "abort"
     admitted: str | None
@@ -150,8 +150,8 @@ class ContractModel:
     def step(self, stopped: Collection[str] = ()) -> ModelStep:
         """One engine step. A row named in `stopped` ends after it if it generated a token in it
         (the joiner of a prefill, every row of a decode); other names are ignored."""
-        adm = self.admission()
         rows, rules = self.rows, []
+        adm = self.admission() if self.waiting and len(rows) < self.S else None
         if adm is not None:
             tkv, shift, need = adm
             head = self.waiting.popleft()
@@ -174,12 +174,14 @@ class ContractModel:
         else:
             self.last = IDLE
             return IDLE
-        stops = (
-            (({admitted} if admitted is not None else {r.request_id for r in rows}) & set(stopped)) if stopped else ()
-        )
-        ends = [r for r in rows if r.generated >= r.max_tokens or r.request_id in stops]
-        finished = tuple(r.request_id for r in ends)
+        if stopped:
+            stops = ({admitted} if admitted is not None else {r.request_id for r in rows}) & set(stopped)
+            ends = [r for r in rows if r.generated >= r.max_tokens or r.request_id in stops]
+        else:
+            ends = [r for r in rows if r.generated >= r.max_tokens]
+        finished: tuple[str, ...] = ()
         if ends:
+            finished = tuple(r.request_id for r in ends)
             self.reserved -= sum(r.reservation for r in ends)
             self.rows = rows = [r for r in rows if r not in ends]
             if any(r.generated >= r.max_tokens for r in ends):
@@ -220,13 +222,14 @@ class ContractModel:
         return self.last
 
     def _strip(self) -> int:
-        if not self.rows:
+        rows = self.rows
+        if not rows:
             self.tkv = 0
             return 0
         bs = self.bs
-        k = min(r.left_pad // bs for r in self.rows)
+        k = min([r.left_pad for r in rows]) // bs
         if k:
-            for r in self.rows:
+            for r in rows:
                 r.left_pad -= k * bs
             self.tkv -= k * bs
         return k
@@ -247,6 +250,21 @@ class ContractModel:
         free_blocks: int | None = None,
     ) -> list[tuple[str, str]]:
         """How an engine's state after `last` differs from the model's; empty when it conforms."""
+        if self.agrees(rows, tkv, kind, admitted, finished, waiting, free_blocks):
+            return []
+        return self.differences(rows, tkv, kind, admitted, finished, waiting, free_blocks)
+
+    def differences(
+        self,
+        rows: Sequence[RowState],
+        tkv: int,
+        kind: str,
+        admitted: str | None,
+        finished: tuple[str, ...],
+        waiting: Sequence[str] | None = None,
+        free_blocks: int | None = None,
+    ) -> list[tuple[str, str]]:
+        """`diff` rule by rule, with its messages: the slow path, for a state `_agrees` rejected."""
         s = self.last
         if kind != s.kind:
             rule = "stall" if kind == "idle" else "admission"
@@ -265,7 +283,7 @@ class ContractModel:
         mine = self.rows
         if len(rows) != len(mine) or any(e.request_id != m.request_id for e, m in zip(rows, mine, strict=True)):
             by_id = {m.request_id: m for m in mine}
-            if {e.request_id for e in rows} != set(by_id):
+            if sorted(e.request_id for e in rows) != sorted(by_id):  # a row twice is no conforming batch
                 got, want = [e.request_id for e in rows], [m.request_id for m in mine]
                 out.append(("rows", f"running: engine {got}, contract {want}"))
             pairs = [(e, by_id[e.request_id]) for e in rows if e.request_id in by_id]
@@ -298,6 +316,43 @@ class ContractModel:
         if free_blocks is not None and free_blocks != self.U - self.reserved:
             out.append(("reservation", f"free blocks: engine {free_blocks}, contract {self.U - self.reserved}"))
         return out
+
+    def agrees(
+        self,
+        rows: Sequence[RowState],
+        tkv: int,
+        kind: str,
+        admitted: str | None,
+        finished: tuple[str, ...],
+        waiting: Sequence[str] | None,
+        free_blocks: int | None,
+    ) -> bool:
+        """Every rule `diff` names holds: the check each step pays for, so one pass and no messages."""
+        s, mine = self.last, self.rows
+        if (
+            tkv != self.tkv
+            or kind != s.kind
+            or admitted != s.admitted
+            or len(rows) != len(mine)
+            or (finished != s.finished and set(finished) != set(s.finished))
+            or (waiting is not None and len(waiting) != len(self.waiting))
+            or (free_blocks is not None and free_blocks != self.U - self.reserved)
+        ):
+            return False
+        bs = self.bs
+        top = (tkv - 1) // bs + 1  # real_blocks(m) == top - m.left_pad // bs
+        for e, m in zip(rows, mine, strict=True):
+            n = len(e.blocks)
+            if (
+                e.request_id != m.request_id
+                or e.left_pad != m.left_pad
+                or e.num_cached != m.cached
+                or e.generated != m.generated
+                or n != top - m.left_pad // bs
+                or n + e.reserved != m.reservation
+            ):
+                return False
+        return True
 
     def _offset_rule(self, d: int) -> str:
         """The rule behind every row and tkv being off by the same `d` tokens."""
