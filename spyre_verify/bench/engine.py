@@ -96,6 +96,7 @@ class Lockstep:
         self.lead = self.rigs[0].engine
         self.arrivals = Feed(arrival_stream(self.lead.config), self.lead.steps)
         self._turn = 0
+        self.in_step = False  # True while a timed step runs: what the breakdown attributes to a step
 
     @property
     def steps(self) -> int:
@@ -119,9 +120,11 @@ class Lockstep:
         for k in range(len(self.rigs)):
             r = self.rigs[(i + k) % len(self.rigs)]
             with r.guard():
+                self.in_step = True
                 t0 = time.perf_counter()
                 r.engine.step()
                 r.times.append(time.perf_counter() - t0)
+                self.in_step = False
 
     def round(self, steps: int) -> None:
         for r in self.rigs:

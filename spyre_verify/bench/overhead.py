@@ -45,11 +45,14 @@ ADVICE = {
 }
 
 
-def _timed(spent: dict[str, float], name: str, handler: Callable[[object], None]) -> Callable[[object], None]:
-    def run(ev: object) -> None:
+def _timed(drive: Lockstep, spent: dict[str, float], name: str, handler: Callable[..., None]) -> Callable[..., None]:
+    def run(*args: object) -> None:
+        if not drive.in_step:  # a request's or an abort's handler: no part of a timed step
+            handler(*args)
+            return
         t0 = time.perf_counter()
         try:
-            handler(ev)
+            handler(*args)
         finally:
             spent[name] += time.perf_counter() - t0
 
@@ -57,14 +60,15 @@ def _timed(spent: dict[str, float], name: str, handler: Callable[[object], None]
 
 
 def handler_us(drive: Lockstep, engine: BundledRuntime, checkers: list[Checker], steps: int) -> dict[str, float]:
-    """Microseconds per step each checker spends in its handlers, timed in place for one more round."""
+    """Microseconds per step each checker spends in its handlers inside timed steps (a request's
+    handlers run in `add_request`, outside them), timed in place for one more round."""
     spent = {c.name: 0.0 for c in checkers}
     wrapped = []
     for c in checkers:
         for name in dir(type(c)):
             if name.startswith("on_"):
                 # An instance attribute shadows the method: EventBus looks handlers up with getattr.
-                setattr(c, name, _timed(spent, c.name, getattr(c, name)))
+                setattr(c, name, _timed(drive, spent, c.name, getattr(c, name)))
                 wrapped.append((c, name))
     # The bus resolves handlers once per kind; a subscribe (and its detach) makes it look again.
     engine.subscribe(object())()
