@@ -123,8 +123,17 @@ class PaddingValidity(Checker):
 
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
-        owners, null, writers = ev.owners, self.null_block, ev.writers
-        blocks = list(map(operator.floordiv, ev.slots, itertools.repeat(self.block_size)))
+        owners, null, writers, slots, bs = ev.owners, self.null_block, ev.writers, ev.slots, self.block_size
+        if len(slots) <= 8 and len(slots) == len(writers):  # a decode's few slots: a plain loop is cheapest
+            try:
+                for slot, writer in zip(slots, writers, strict=True):
+                    if slot // bs == null or owners[slot // bs] != writer:
+                        break
+                else:
+                    return
+            except KeyError:  # a block nobody owns: the loop below names it
+                pass
+        blocks = list(map(operator.floordiv, slots, itertools.repeat(bs)))
         if blocks and null not in blocks and len(blocks) == len(writers):
             try:  # the common case, at C speed: one call looks every owner up (a bare value for one slot)
                 got = itemgetter(*blocks)(owners)
@@ -133,13 +142,13 @@ class PaddingValidity(Checker):
             if got == (writers[0] if len(blocks) == 1 else tuple(writers)):
                 return
         for b, writer in sorted(
-            {(b, w) for b, w in zip(blocks, ev.writers, strict=True) if b == null or owners.get(b) != w}
+            {(b, w) for b, w in zip(blocks, writers, strict=True) if b == null or owners.get(b) != w}
         ):
-            slots = [s for s, w in zip(ev.slots, ev.writers, strict=True) if w == writer and s // self.block_size == b]
+            where = [s for s, w in zip(slots, writers, strict=True) if w == writer and s // bs == b]
             if b == null:
-                self.flag("null-write", f"step {ev.step}: {writer} writes slots {slots} in the null block")
+                self.flag("null-write", f"step {ev.step}: {writer} writes slots {where} in the null block")
             else:
                 self.flag(
                     "foreign-write",
-                    f"step {ev.step}: {writer} writes slots {slots} in block {b}, owned by {owners.get(b)}",
+                    f"step {ev.step}: {writer} writes slots {where} in block {b}, owned by {owners.get(b)}",
                 )

@@ -79,6 +79,7 @@ class ModelStep:
 
 
 IDLE = ModelStep("idle", None, 0, 0, 0, (), 0, ())
+DECODED = ("decode",)  # the rules of a decode step that ends and strips nothing
 
 
 class ContractModel:
@@ -166,10 +167,15 @@ class ContractModel:
             rules.append("admission")
         elif rows:
             kind, admitted, shift, seqs, key_tkv = "decode", None, 0, len(rows), self.tkv
+            done = False
             for r in rows:
                 r.cached += 1
                 r.generated += 1
+                done = done or r.generated >= r.max_tokens
             self.tkv += 1
+            if not (done or stopped) and rows[0].left_pad < self.bs:  # most steps: nothing ends or strips
+                self.last = ModelStep("decode", None, 0, seqs, key_tkv, (), 0, DECODED)
+                return self.last
             rules.append("decode")
         else:
             self.last = IDLE
