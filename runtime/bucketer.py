@@ -137,7 +137,7 @@ class SpyreAttnBucketer:
         every dict and set by identity, not by comparing dataclasses field by field."""
         if not self._canonical:
             self._canonical.update((c, c) for c in self._verdicts)
-        b = self._memo[args] = self._canonical.setdefault(b, b)
+        b = self._memo[args] = self._canonical[b]  # every bucket a batch can ask for is a candidate
         return b
 
     @cached_property

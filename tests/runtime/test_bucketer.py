@@ -240,3 +240,21 @@ def test_a_bucket_hashes_by_value_in_every_process() -> None:
     code = "import pickle, sys; b = pickle.loads(sys.stdin.buffer.read()); print(hash(b) == hash(type(b)(b.kernel, b.key)))"
     out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(every[-1]), capture_output=True, check=True)
     assert out.stdout.strip() == b"True"  # another process, another str hash seed
+
+
+def test_a_batch_size_is_bucketed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo is what makes a step's bucket cheap: a size seen before asks no ladder again."""
+    b = SpyreAttnBucketer(RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4))
+    first = [b.decode_bucket(s, n) for s in range(1, 5) for n in range(1, 9)] + [
+        b.prefill_bucket(t) for t in (1, 9, 32)
+    ]
+
+    def asked(*_args: object) -> int:
+        raise AssertionError("a memoised size asked a ladder again")
+
+    for rung in ("kv_rung", "seqs_rung", "prefill_rung"):
+        monkeypatch.setattr(b, rung, asked)
+    again = [b.decode_bucket(s, n) for s in range(1, 5) for n in range(1, 9)] + [
+        b.prefill_bucket(t) for t in (1, 9, 32)
+    ]
+    assert all(x is y for x, y in zip(first, again, strict=True))
