@@ -124,15 +124,6 @@ class PaddingValidity(Checker):
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
         owners, null, writers, slots, bs = ev.owners, self.null_block, ev.writers, ev.slots, self.block_size
-        if len(slots) <= 8 and len(slots) == len(writers):  # a decode's few slots: a plain loop is cheapest
-            try:
-                for slot, writer in zip(slots, writers, strict=True):
-                    if slot // bs == null or owners[slot // bs] != writer:
-                        break
-                else:
-                    return
-            except KeyError:  # a block nobody owns: the loop below names it
-                pass
         blocks = list(map(operator.floordiv, slots, itertools.repeat(bs)))
         if blocks and null not in blocks and len(blocks) == len(writers):
             try:  # the common case, at C speed: one call looks every owner up (a bare value for one slot)

@@ -8,6 +8,7 @@ the actual answer together. It may import the runtime's plain types (`Bucket`,
 
 - `derive`: ladders from a config, the bucket key of any batch shape.
 - `walk`: the reachable set, by walking every add/step/finish/abort sequence under the pool and the volumetric limit.
-- `model`: the scheduling rules as a lockstep model, compared with the engine after every step.
+- `model`: the scheduling rules as a lockstep model, compared with the engine after every step
+  (`compare`).
 - `reference`: the unpadded, unpaged, eager run of the same model that outputs are compared with.
 """
