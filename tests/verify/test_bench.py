@@ -7,6 +7,7 @@ one repeat): `--quick` is the CI benchmark and takes longer than a unit test sho
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from spyre_verify.bench.figures import Figure, closing
+from spyre_verify.bench.overhead import swapped
 from spyre_verify.bench.sched import plans, prefill_waste
 from spyre_verify.bundled import BundledRuntime as Engine
+from spyre_verify.checks.conformance import ContractConformance
+from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
-from spyre_verify.session import DispatchLog
+from spyre_verify.session import DispatchLog, always_on
 from spyre_verify.session import serve as engine_serve
 from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
@@ -59,6 +63,28 @@ def test_bench_prints_every_figure_with_target_and_a_valid_report(
     unjudged = any(f["target"] is not None and not f["judged"] for f in figures)
     assert len(printed["closing"]) == max(1, len(printed["missed"])) + unjudged
     assert (tmp_path / "bench.md").read_text().startswith("# spyre-verify bench (tiny)")
+    # Figure 1's floor is measured (a round per repeat with every handler doing nothing), not a remainder.
+    one = figures[0]["details"]
+    assert len(one["floor_us_per_step"]) == len(one["extra_us_per_step"])
+    assert one["extra_us_by_part"]["events+stance"] == round(statistics.median(one["floor_us_per_step"]), 1)
+
+
+def test_the_floor_round_silences_every_handler_and_puts_them_back() -> None:
+    engine = Engine(RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager"))
+    checkers = always_on()
+    for c in checkers:
+        c.attach(engine)
+    engine.warmup()
+    for p in ([1, 2, 3], [4, 5]):
+        engine.add_request(p, 6)
+    conformance = next(c for c in checkers if isinstance(c, ContractConformance))
+    padding = next(c for c in checkers if isinstance(c, PaddingValidity))
+    with swapped(engine, checkers, lambda c, h: lambda *a: None):
+        engine.step()
+        engine.step()
+    assert (conformance.steps_checked, padding.tables_checked) == (0, 0)
+    engine.step()
+    assert padding.tables_checked == 1 and conformance.steps_checked == 1
 
 
 @pytest.mark.parametrize(
