@@ -132,7 +132,7 @@ class Engine:
         sched, bus = self.scheduler, self.events
         if bus.wants("state"):
             waiting, rows = sched.waiting_ids, sched.row_states()
-            finished = tuple(r.request_id for r in done)
+            finished = tuple([r.request_id for r in done]) if done else ()
             state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, self.pool.num_free)
             bus.emit("state", state)
         for r in done:

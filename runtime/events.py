@@ -178,17 +178,19 @@ class EventBus:
         """Whether anyone listens at all."""
         return bool(self._observers)
 
-    def _for(self, kind: str) -> tuple[Callable[[Any], None], ...]:
-        # Handlers are looked up once per kind, not once per event.
-        if kind not in self._handlers:
-            found = (getattr(o, "on_" + kind, None) for o in self._observers)
-            self._handlers[kind] = tuple(h for h in found if h is not None)
-        return self._handlers[kind]
+    def _resolve(self, kind: str) -> tuple[Callable[[Any], None], ...]:
+        # Looked up once per kind (and again after a subscribe or detach), not once per event.
+        found = (getattr(o, "on_" + kind, None) for o in self._observers)
+        handlers = self._handlers[kind] = tuple(h for h in found if h is not None)
+        return handlers
 
     def wants(self, kind: str) -> bool:
         """Whether any observer handles `kind`: an event nobody reads is never built."""
-        return bool(self._for(kind))
+        handlers = self._handlers.get(kind)
+        return bool(self._resolve(kind) if handlers is None else handlers)
 
     def emit(self, kind: str, event: object) -> None:
-        for handler in self._for(kind):
+        # The cache is read here, not through a call: every step emits several events.
+        handlers = self._handlers.get(kind)
+        for handler in self._resolve(kind) if handlers is None else handlers:
             handler(event)

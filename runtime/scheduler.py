@@ -295,9 +295,9 @@ class Scheduler:
         return [r.seq_state() for r in self.running]
 
     def row_states(self) -> tuple[RowState, ...]:
-        rows = ((r, self.pool.reserved(r.request_id)) for r in self.running)
+        rows = [(r, self.pool.reserved(r.request_id)) for r in self.running]
         return tuple(
-            RowState(r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), n) for r, n in rows
+            [RowState(r.request_id, r.left_pad, tuple(r.blocks), r.num_cached, len(r.output), n) for r, n in rows]
         )
 
     def _end(self, r: Request, reason: str) -> None:
