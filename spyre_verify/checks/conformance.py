@@ -180,26 +180,14 @@ class ContractConformance(Checker):
         """Step the model (or abort in it) as the engine did, then hold the engine's state to it."""
         self.steps_checked += 1
         model = self.model
-        if ev.kind == "abort":
-            rid = self.last_abort = ev.finished[0] if ev.finished else ""
-            refusal = model.abort_refusal(rid)
-            if refusal is not None:
-                self.divergences += 1
-                self.rules["abort"] += 1
-                model.resync(ev.tkv, ev.rows, ev.waiting)
-                if self.divergences == 1:
-                    self.flag(
-                        "divergence", f"step {ev.step}: the engine aborted {rid!r}, but DESIGN refuses: {refusal}"
-                    )
-                return
-            self.rule_sets[model.abort(rid).rules] += 1
-        else:
+        if ev.kind != "abort":
             self.rule_sets[model.step(stopped).rules] += 1
-        state = (ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
-        rows, self.held = self.held, ev.rows
-        if model.agrees(*state):
+        elif not self._abort(ev):
             return
-        diffs = model.differences(*state)
+        rows, self.held = self.held, ev.rows
+        if model.agrees(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks):
+            return
+        diffs = model.differences(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
         if not diffs:  # the fast path's stricter reading (a reordered batch): DESIGN's rules hold
             return
         held = {r.request_id: r.blocks for r in rows}
@@ -217,6 +205,21 @@ class ContractConformance(Checker):
         if first:
             kind = "stall" if rule == "stall" else "divergence"
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
+
+    def _abort(self, ev: StateEvent) -> bool:
+        """Apply an abort event to the model; False (after flagging) when DESIGN refuses it."""
+        model = self.model
+        rid = self.last_abort = ev.finished[0] if ev.finished else ""
+        refusal = model.abort_refusal(rid)
+        if refusal is None:
+            self.rule_sets[model.abort(rid).rules] += 1
+            return True
+        self.divergences += 1
+        self.rules["abort"] += 1
+        model.resync(ev.tkv, ev.rows, ev.waiting)
+        if self.divergences == 1:
+            self.flag("divergence", f"step {ev.step}: the engine aborted {rid!r}, but DESIGN refuses: {refusal}")
+        return False
 
     def on_abort_call(self, request_id: str, refused: bool) -> None:
         """The serve loop reports each abort it sent, once the call has returned or raised."""

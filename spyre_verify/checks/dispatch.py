@@ -49,7 +49,6 @@ class DispatchCoverage(Checker):
     def attach(self, engine: Any) -> None:
         # Warmup's set is what the backend saw compile before serving, not what the runtime planned.
         self.warm: set[Bucket] = set()
-        self.dispatches: dict[Bucket, int] = {}
         self.served: set[Bucket] = set()
         super().attach(engine)
 
@@ -58,18 +57,18 @@ class DispatchCoverage(Checker):
             self.warm.add(ev.bucket)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
-        self.dispatches[ev.bucket] = self.dispatches.get(ev.bucket, 0) + 1
         if ev.phase != SERVING:
             return
-        self.served.add(ev.bucket)
-        if ev.bucket not in self.warm:
+        bucket = ev.bucket
+        self.served.add(bucket)
+        if bucket not in self.warm:
             batch = describe_batch(ev.batch)
             self.flag(
                 "cold-dispatch",
-                f"step {ev.step} dispatched {ev.bucket}, which warmup never compiled; batch: {batch}; "
-                f"nearest warmed: {nearest_warm(ev.bucket, frozenset(self.warm))}",
+                f"step {ev.step} dispatched {bucket}, which warmup never compiled; batch: {batch}; "
+                f"nearest warmed: {nearest_warm(bucket, frozenset(self.warm))}",
                 kernel=ev.kernel,
-                bucket=str(ev.bucket),
+                bucket=str(bucket),
                 batch=batch,
             )
 

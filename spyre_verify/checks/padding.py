@@ -86,29 +86,23 @@ class PaddingValidity(Checker):
     def _design_rows_hold(self, ev: BlockTableEvent) -> bool:
         """Every rule of `block_table_problems` and `seq_len_problems` holds, in one pass at C speed
         per row: what each step pays for. False sends the table to them, to name what broke."""
-        owners, null, bs, tkv, table, rids = (
-            ev.owners,
-            self.null_block,
-            self.block_size,
-            ev.tkv,
-            ev.block_table,
-            ev.request_ids,
-        )
-        if null in owners or len(rids) > len(table) or len(ev.left_pads) != len(rids) or len(ev.seq_lens) != len(rids):
+        rids, pads, lens, table, owners = ev.request_ids, ev.left_pads, ev.seq_lens, ev.block_table, ev.owners
+        n, null, bs, tkv, hi = len(rids), self.null_block, self.block_size, ev.tkv, ev.num_blocks
+        if n > len(table) or len(pads) != n or len(lens) != n or null in owners or not 0 <= null < hi:
             return False
-        prefill = ev.kernel == PREFILL
-        last = (tkv - 1) // bs if prefill else tkv // bs
-        length = tkv if prefill else tkv + 1  # a row's length is this minus its left padding
-        hi = ev.num_blocks
-        for rid, lp, n, row in zip(rids, ev.left_pads, ev.seq_lens, table, strict=False):  # padded rows follow
+        if ev.kernel == PREFILL:
+            last, length = (tkv - 1) // bs, tkv  # a row's length is this minus its left padding
+        else:
+            last, length = tkv // bs, tkv + 1
+        for rid, lp, sl, row in zip(rids, pads, lens, table, strict=False):  # padded rows follow
             first = lp // bs
-            end = last + 1 if last >= first else first
-            real, left, right = row[first:end], row[:first], row[end:]
-            if n != length - lp or left.count(null) != len(left) or right.count(null) != len(right):
+            real = row[first : last + 1]  # empty when the row has no real entry
+            # Every entry outside `real` is the null block: `real` holds no null, as the null block
+            # has no owner and every real entry must have one (the owner lookup below).
+            if sl != length - lp or row.count(null) != len(row) - len(real):
                 return False
             if real:
-                ordered = sorted(real)
-                if ordered[0] < 0 or ordered[-1] >= hi:
+                if min(real) < 0 or max(real) >= hi:
                     return False
                 try:  # one C call looks every owner up; it returns a bare value for a single key
                     got = itemgetter(*real)(owners)
@@ -116,10 +110,8 @@ class PaddingValidity(Checker):
                     return False
                 if (got.count(rid) != len(real)) if len(real) > 1 else got != rid:
                     return False
-        for row in table[len(rids) :]:  # padded rows
-            if row.count(null) != len(row):
-                return False
-        return 0 <= null < hi
+        padded = table[n:]  # wholly null, each as wide as the first (a ragged one takes the slow path)
+        return not padded or padded.count((null,) * len(padded[0])) == len(padded)
 
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:

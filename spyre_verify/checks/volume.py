@@ -16,10 +16,7 @@ from runtime.bucketer import BATCHED, DECODE
 from runtime.events import DispatchEvent
 from spyre_verify.checks.violations import Checker
 
-
-def step_volume(num_seqs: int, tkv: int) -> int:
-    """Positions one decode step attends: every real row covers [0, tkv], padding included."""
-    return num_seqs * (tkv + 1)
+DECODES = (DECODE, BATCHED)
 
 
 class VolumeLimit(Checker):
@@ -38,12 +35,13 @@ class VolumeLimit(Checker):
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         # Every engine step is served traffic, before warmup too (warmup itself dispatches no step).
-        if self.closed or ev.kernel not in (DECODE, BATCHED):
+        if self.closed or ev.kernel not in DECODES:
             return
         self.decodes += 1
         b = ev.batch
-        volume = step_volume(b.num_seqs, b.tkv)
-        self.peak = max(self.peak, volume)
+        volume = len(b.request_ids) * (b.tkv + 1)  # every real row attends [0, tkv], padding included
+        if volume > self.peak:
+            self.peak = volume
         if volume > self.limit:
             self.flag(
                 "over-limit",
