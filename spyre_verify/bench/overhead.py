@@ -1,9 +1,10 @@
 """Figure 1 (and 1b): what the always-on checkers cost a serving step, and where it goes.
 
-The ratio comes from engines stepping in lockstep (`bench.engine.Lockstep`). The
-breakdown times each checker's handlers in place for one extra round; the rest of
-the extra step time is the engine building and dispatching events, and Dynamo
-running under the fail_on_recompile stance.
+The ratio comes from engines stepping in lockstep (`bench.engine.Lockstep`). The floor
+is a fourth engine in the same rounds: always-on, every handler doing nothing, so it
+builds and delivers every event, steps under the fail_on_recompile stance and calls
+through the counting backend, but checks nothing. The breakdown times each checker's
+handlers in place for one extra round.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from runtime.config import RuntimeConfig
-from spyre_verify.bench.engine import BARE, CHECKED, KV, WORKLOAD_REQUESTS, Lockstep, Rig
+from spyre_verify.bench.bytecodes import counting_steps
+from spyre_verify.bench.engine import BARE, CHECKED, FLOOR, KV, WORKLOAD_REQUESTS, Lockstep, Rig
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.padding import PaddingValidity
@@ -23,30 +25,30 @@ from spyre_verify.checks.violations import Checker
 from spyre_verify.messages import Progress
 
 EVENTS = "events+stance"
+TRACED_STEPS = 40  # steps of each engine run under sys.settrace for the Python each one executes
 TARGET, KV_TARGET = 1.03, 1.3  # issue 17: always-on within 3% of a bare step; KV integrity within 30%
 
 # What would cut each part, from reading the code each part runs.
 ADVICE = {
-    EVENTS: "the floor: with every checker's handlers doing nothing, the engine still builds a dispatch, "
-    "block-table, KV-write and state event a step (slotted dataclasses; owners and the waiting queue go out "
-    "as live views, nothing copied per step, but the state event's rows are built afresh), steps under the "
-    "fail_on_recompile stance and calls each graph through the counting backend; a single per-step event "
-    "carrying what the four carry would cut it, at the price of the event interface every runtime implements",
-    "dispatch-coverage": "DispatchCoverage counts the dispatch and looks its bucket up in the warm set; the "
-    "bucket is the warm plan's own object with a cached hash, so both hit on identity",
-    "padding-validity": "PaddingValidity checks each DESIGN table in one pass (lengths, null padding, bounds, "
-    "one itemgetter call for the owners of the real entries) and a decode's few KV writes in a plain loop; "
-    "about 1.8 us a step run hot, four to five times that in place, where the pool's owner map and the "
-    "checker's code are out of cache after the kernels; re-checking only rows that changed would need the "
-    "pool to say which owners changed",
+    EVENTS: "the floor: an always-on engine whose handlers do nothing still builds and delivers a dispatch, "
+    "block-table, KV-write and state event a step, steps under the fail_on_recompile stance (under which Dynamo "
+    "builds a fresh callback for every compiled call) and calls each graph through the counting backend; only a "
+    "smaller event interface than DESIGN's four events, or a serving guard with no per-call cost, would lower it",
+    "dispatch-coverage": "DispatchCoverage looks each serving dispatch's bucket up in the warm set; the bucket is "
+    "the warm plan's own object with a cached hash, so the lookup hits on identity",
+    "padding-validity": "PaddingValidity checks each DESIGN table in one pass (lengths, null padding, bounds, one "
+    "itemgetter call for the owners of the real entries) and a decode's KV writes the same way; what is left "
+    "grows with the real blocks the rows hold: one owner lookup each, in the pool's map, which the kernels "
+    "have evicted from cache by the time the check runs; checking only changed rows would need the pool to say "
+    "which owners changed",
     "graph-reuse": "GraphReuse reads the runners' counters at the start and the end; per step it only keeps "
     "the last dispatch",
+    "volume-limit": "VolumeLimit multiplies a decode's rows by its tkv + 1 and compares with the limit",
     "ladder-agreement": "LadderAgreement probes the builder once at attach and reads compile events; it costs no "
     "step time",
-    "contract-conformance": "ContractConformance steps the contract model and holds the state event to it in "
-    "one pass each step (the rule-by-rule diff runs only when that pass says no); about 1.7 us a step run hot, "
-    "four to five times that in place, where the model's rows and the checker's code are out of cache after "
-    "the kernels; what is left is the model's own step in Python",
+    "contract-conformance": "ContractConformance steps the contract model (admission of the queue's head is "
+    "re-decided every step a request waits) and holds the state event to it in one pass (the rule-by-rule diff "
+    "runs only when that pass says no); what is left is that Python, out of cache after the kernels",
 }
 
 
@@ -95,18 +97,6 @@ def handler_us(drive: Lockstep, engine: BundledRuntime, checkers: list[Checker],
     return {k: v / steps * 1e6 for k, v in spent.items()}
 
 
-def floor_us(drive: Lockstep, rigs: dict[str, Rig], rounds: int, steps: int) -> list[float]:
-    """The extra a step costs with every checker's handlers doing nothing, per round: the events
-    built and delivered, the stance and the counting backend. The last rounds of the figure:
-    the checkers' own state is stale after them."""
-    out = []
-    with swapped(rigs[CHECKED].engine, rigs[CHECKED].checkers, lambda c, h: _ignore):
-        for _ in range(rounds):
-            drive.round(steps)
-            out.append((statistics.median(rigs[CHECKED].times) - statistics.median(rigs[BARE].times)) * 1e6)
-    return out
-
-
 def _ignore(*_args: object) -> None:
     return None
 
@@ -114,25 +104,31 @@ def _ignore(*_args: object) -> None:
 def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], progress: Progress) -> list[Figure]:
     steps = plan.mode.steps_per_round
     drive = Lockstep(rigs)
-    progress(f"figure 1: checker overhead, 1 warm-up round + {plan.repeats} rounds of {steps} steps, 3 engines")
-    drive.round(steps)  # warm-up: first calls, allocator, caches
-    ratios: dict[str, list[float]] = {CHECKED: [], KV: []}
-    paired: dict[str, list[float]] = {CHECKED: [], KV: []}
-    base_ms, extra_us = [], []
-    for _ in range(plan.repeats):
-        drive.round(steps)
-        bare = rigs[BARE].times
-        base = statistics.median(bare)
-        base_ms.append(base * 1e3)
-        extra_us.append((statistics.median(rigs[CHECKED].times) - base) * 1e6)
-        for kind in ratios:
-            ratios[kind].append(statistics.median(rigs[kind].times) / base)
-            # A cross-check robust to drift: the same step on both engines, moments apart.
-            paired[kind].append(statistics.median(t / b for t, b in zip(rigs[kind].times, bare, strict=True)))
-    violations = {k: sum(len(c.violations) for c in rigs[k].checkers) for k in (CHECKED, KV)}
-    parts = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
-    progress(f"figure 1: the floor, {plan.repeats} more rounds with every always-on handler doing nothing")
-    floor = floor_us(drive, rigs, plan.repeats, steps)
+    progress(
+        f"figure 1: checker overhead, 1 warm-up round + {plan.repeats} rounds of {steps} steps, {len(rigs)} engines"
+    )
+    with swapped(rigs[FLOOR].engine, rigs[FLOOR].checkers, lambda c, h: _ignore):
+        drive.round(steps)  # warm-up: first calls, allocator, caches
+        ratios: dict[str, list[float]] = {CHECKED: [], KV: []}
+        paired: dict[str, list[float]] = {CHECKED: [], KV: []}
+        base_ms, extra_us, floor = [], [], []
+        for _ in range(plan.repeats):
+            drive.round(steps)
+            bare = rigs[BARE].times
+            base = statistics.median(bare)
+            base_ms.append(base * 1e3)
+            extra_us.append((statistics.median(rigs[CHECKED].times) - base) * 1e6)
+            floor.append((statistics.median(rigs[FLOOR].times) - base) * 1e6)
+            for kind in ratios:
+                ratios[kind].append(statistics.median(rigs[kind].times) / base)
+                # A cross-check robust to drift: the same step on both engines, moments apart.
+                paired[kind].append(statistics.median(t / b for t, b in zip(rigs[kind].times, bare, strict=True)))
+        violations = {k: sum(len(c.violations) for c in rigs[k].checkers) for k in (CHECKED, KV)}
+        checked = {k: steps_checked(rigs[k]) for k in (CHECKED, FLOOR)}  # the floor's must stay 0
+        parts = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
+        with counting_steps({k: r.engine for k, r in rigs.items()}) as counters:
+            drive.round(TRACED_STEPS)
+    python = {k: c.per_run() for k, c in counters.items()}
     parts[EVENTS] = statistics.median(floor)
     settings = {
         "block_size": config.block_size,
@@ -146,8 +142,8 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
     }
     base_med = statistics.median(base_ms)
     notes = [
-        "three engines of one config in lockstep, each step timed on each in rotating order; "
-        "value = median over rounds of (median step time with / median step time bare)",
+        f"{len(rigs)} engines of one config in lockstep ({', '.join(rigs)}), each step timed on each in rotating "
+        "order; value = median over rounds of (median step time with / median step time bare)",
         "checked engines step under the graph-reuse fail_on_recompile stance, as `verify` serves",
         f"violations flagged while benchmarking: {violations[CHECKED]} (always-on), {violations[KV]} (kv-integrity)",
     ]
@@ -163,8 +159,10 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
             baseline=f"bare engine: median step {base_med:.3f} ms; extra {statistics.median(extra_us):.0f} us",
             notes=[
                 *notes,
-                f"extra us per step by part (handlers timed in place; {EVENTS} measured with every handler "
-                f"doing nothing, the floor no checker can go below): {breakdown}",
+                f"extra us per step by part (handlers timed in place for one more round; {EVENTS} is the {FLOOR} "
+                f"engine's, always-on with every handler doing nothing, in the same rounds: the floor no "
+                f"checker can go below): {breakdown}",
+                python_note(python),
             ],
             details={
                 "bare_step_ms": base_ms,
@@ -172,6 +170,8 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
                 "floor_us_per_step": floor,
                 "extra_us_by_part": {k: round(v, 1) for k, v in parts.items()},
                 "paired_step_ratio": paired[CHECKED],
+                "steps_checked": checked,
+                "python_per_step": python,
             },
             remedy=remedy(parts, base_med * 1e3, TARGET),
             **common,
@@ -204,6 +204,26 @@ def remedy(parts: dict[str, float], base_us: float, target: float) -> str:
         f"nothing the step already costs {floor:.0f} us more, leaving {max(allows - floor, 0):.0f} us for the checks "
         f"themselves. Largest parts first: {said}"
     )
+
+
+def python_note(python: dict[str, dict[str, float]]) -> str:
+    """What each engine's step runs in Python, against the bare one's (counts, not times)."""
+    bare = python[BARE]
+
+    def more(kind: str) -> str:
+        p = python[kind]
+        return f"{kind} +{p['bytecodes'] - bare['bytecodes']:.0f} bytecodes, +{p['python_calls'] - bare['python_calls']:.0f} calls"
+
+    others = "; ".join(more(k) for k in (FLOOR, CHECKED) if k in python)
+    return (
+        f"Python a step executes ({TRACED_STEPS} traced steps each, no timing): bare {bare['bytecodes']:.0f} bytecodes "
+        f"in {bare['python_calls']:.0f} calls; {others}"
+    )
+
+
+def steps_checked(rig: Rig) -> int:
+    """Block tables padding-validity judged on one engine so far: what shows the floor engine checked nothing."""
+    return next(c.tables_checked for c in rig.checkers if isinstance(c, PaddingValidity))
 
 
 def integrity_reads(rig: Rig) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def engine_figures(plan: Plan, progress: Progress) -> list[Figure]:
     out = [engine.warmup_figure(config, progress)] if "3" in plan.only else []
     if "1" in plan.only:
         with engine.compile_cache(config.backend):
-            rigs = engine.build_rigs(config, [engine.BARE, engine.CHECKED, engine.KV], progress)
+            rigs = engine.build_rigs(config, [engine.BARE, engine.CHECKED, engine.KV, engine.FLOOR], progress)
         try:
             out += overhead_figures(plan, config, rigs, progress)
         finally:  # closed in the reverse order of creation, each puts back the Dynamo limits it found

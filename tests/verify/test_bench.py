@@ -6,14 +6,18 @@ one repeat): `--quick` is the CI benchmark and takes longer than a unit test sho
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.config import RuntimeConfig
+from spyre_verify.bench.bytecodes import counting_steps
+from spyre_verify.bench.engine import Lockstep, Rig
 from spyre_verify.bench.figures import Figure, closing
 from spyre_verify.bench.overhead import swapped
 from spyre_verify.bench.sched import plans, prefill_waste
@@ -63,9 +67,12 @@ def test_bench_prints_every_figure_with_target_and_a_valid_report(
     unjudged = any(f["target"] is not None and not f["judged"] for f in figures)
     assert len(printed["closing"]) == max(1, len(printed["missed"])) + unjudged
     assert (tmp_path / "bench.md").read_text().startswith("# spyre-verify bench (tiny)")
-    # Figure 1's floor is measured (a round per repeat with every handler doing nothing), not a remainder.
+    # Figure 1's floor is measured (a fourth engine in the same rounds, every handler doing nothing), not a remainder.
     one = figures[0]["details"]
     assert len(one["floor_us_per_step"]) == len(one["extra_us_per_step"])
+    assert one["steps_checked"]["floor"] == 0 < one["steps_checked"]["always-on"]
+    py = one["python_per_step"]  # counted, not timed: the checks add Python to a step, the floor less
+    assert py["bare"]["bytecodes"] < py["floor"]["bytecodes"] < py["always-on"]["bytecodes"]
     assert one["extra_us_by_part"]["events+stance"] == round(statistics.median(one["floor_us_per_step"]), 1)
 
 
@@ -85,6 +92,53 @@ def test_the_floor_round_silences_every_handler_and_puts_them_back() -> None:
     assert (conformance.steps_checked, padding.tables_checked) == (0, 0)
     engine.step()
     assert padding.tables_checked == 1 and conformance.steps_checked == 1
+
+
+def test_op_counter_counts_the_calls_and_bytecodes_of_one_step_and_puts_step_back() -> None:
+    def helper(x: int) -> int:
+        return x + 1
+
+    class Stepper:
+        def step(self) -> int:
+            return helper(helper(1))
+
+    engine = Stepper()
+    with counting_steps({"e": engine}) as counters:
+        assert engine.step() == 3
+        assert engine.step() == 3
+    assert counters["e"].per_run()["python_calls"] == 3.0  # step and its two helper calls
+    assert counters["e"].per_run()["bytecodes"] > 0
+    assert "step" not in vars(engine)  # the method is back
+
+
+class _Stepped:
+    """An engine stand-in for the lockstep driver: records the order it is stepped in."""
+
+    config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2)
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log, self.steps = name, log, 0
+
+    def step(self) -> None:
+        self.log.append(self.name)
+        self.steps += 1
+
+
+def test_lockstep_gives_every_engine_every_other_engine_as_predecessor() -> None:
+    # A rotation would not: each engine then follows the same one in nearly every step, and an
+    # engine stepped right after a heavy one is measured slower than it is.
+    log: list[str] = []
+    names = ("bare", "always-on", "kv-integrity", "floor")
+    drive = Lockstep({n: Rig(_Stepped(n, log), []) for n in names})  # type: ignore[arg-type]
+    steps = 600
+    for _ in range(steps):
+        drive.step()
+    assert all(len(r.times) == steps for r in drive.rigs)
+    before = Counter(itertools.pairwise(log))
+    for a in names:
+        for b in names:
+            if a != b:  # uniform: about 1 in 4 of b's steps (3 neighbours, and a step's first slot)
+                assert before[a, b] > steps / 8, (a, b, before)
 
 
 @pytest.mark.parametrize(
