@@ -124,7 +124,7 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
                 # A cross-check robust to drift: the same step on both engines, moments apart.
                 paired[kind].append(statistics.median(t / b for t, b in zip(rigs[kind].times, bare, strict=True)))
         violations = {k: sum(len(c.violations) for c in rigs[k].checkers) for k in (CHECKED, KV)}
-        checked = {k: steps_checked(rigs[k]) for k in (CHECKED, FLOOR)}  # the floor's must stay 0
+        checked = {k: padding_of(rigs[k]).tables_checked for k in (CHECKED, FLOOR)}  # the floor's must stay 0
         parts = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
         with counting_steps({k: r.engine for k, r in rigs.items()}) as counters:
             drive.round(TRACED_STEPS)
@@ -142,8 +142,8 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
     }
     base_med = statistics.median(base_ms)
     notes = [
-        f"{len(rigs)} engines of one config in lockstep ({', '.join(rigs)}), each step timed on each in rotating "
-        "order; value = median over rounds of (median step time with / median step time bare)",
+        f"{len(rigs)} engines of one config in lockstep ({', '.join(rigs)}), each step timed on each in a fresh "
+        "seeded order; value = median over rounds of (median step time with / median step time bare)",
         "checked engines step under the graph-reuse fail_on_recompile stance, as `verify` serves",
         f"violations flagged while benchmarking: {violations[CHECKED]} (always-on), {violations[KV]} (kv-integrity)",
     ]
@@ -221,15 +221,14 @@ def python_note(python: dict[str, dict[str, float]]) -> str:
     )
 
 
-def steps_checked(rig: Rig) -> int:
-    """Block tables padding-validity judged on one engine so far: what shows the floor engine checked nothing."""
-    return next(c.tables_checked for c in rig.checkers if isinstance(c, PaddingValidity))
+def padding_of(rig: Rig) -> PaddingValidity:
+    """The rig's padding-validity checker: its block-table count shows the floor engine checked nothing."""
+    return next(c for c in rig.checkers if isinstance(c, PaddingValidity))
 
 
 def integrity_reads(rig: Rig) -> dict[str, Any]:
     """How incremental the KV-integrity checks were: blocks read per check against blocks live at the end."""
-    padding = next(c for c in rig.checkers if isinstance(c, PaddingValidity))
-    kv = padding.integrity
+    kv = padding_of(rig).integrity
     if kv is None or not kv.checks:
         return {}
     return {"integrity_checks": kv.checks, "blocks_read_per_check": round(kv.blocks_read / kv.checks, 2)}

@@ -121,11 +121,10 @@ class ContractModel(StateJudge):
             return None
         head, bs = self.waiting[0], self.bs
         p, mt = head.prompt_len, head.max_tokens
-        # -(-a // b) is ceil_div(a, b) inline: a decode with a queue asks this every step.
         if not self.rows:
-            tkv, shift = -(-p // bs) * bs, 0
+            tkv, shift = ceil_div(p, bs) * bs, 0
         else:
-            shift = -(-(p - self.tkv) // bs) * bs if p > self.tkv else 0
+            shift = ceil_div(p - self.tkv, bs) * bs if p > self.tkv else 0
             tkv = self.tkv + shift
         L = self.L
         if tkv + mt > L:
@@ -133,7 +132,7 @@ class ContractModel(StateJudge):
         for r in self.rows:
             if tkv + r.max_tokens - r.generated > L:
                 return None
-        need = -(-(tkv + mt - 1) // bs) - (tkv - p) // bs
+        need = ceil_div(tkv + mt - 1, bs) - (tkv - p) // bs
         if self.reserved + need > self.U:
             return None
         if self.V is not None and self._peak(tkv, mt - 1) > self.V:
