@@ -163,13 +163,28 @@ def abort_edges(config: RuntimeConfig) -> list[Item]:
     return edges
 
 
-def cover(engine: Any, progress: Progress | None = None) -> tuple[int, list[str]]:
-    """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses)."""
+def cover(
+    engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()
+) -> tuple[int, list[str]]:
+    """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses).
+
+    The scenarios are traffic like any other: their refusals and aborts go to the checkers, and
+    each miss is a `coverage-miss` violation of dispatch-coverage (when it runs) naming the
+    bucket, the witness and what the runtime did instead."""
     scenarios = coverage_scenarios(engine.config)
     if progress:
         progress(f"coverage: {len(scenarios)} scenarios, one per reachable bucket")
     limit = step_limit(engine.config)
-    misses = [m for sc in scenarios if (m := run_scenario(engine, sc, limit)) is not None]
+    judge, aborts = judged_by(checkers), aborts_judged_by(checkers)
+    dispatch = next((c for c in checkers if isinstance(c, DispatchCoverage) and c.not_run is None), None)
+    misses = []
+    for sc in scenarios:
+        miss = run_scenario(engine, sc, limit, on_rejected=judge, on_abort=aborts)
+        if miss is None:
+            continue
+        misses.append(miss)
+        if dispatch is not None:
+            dispatch.coverage_miss(sc.target, miss)
     return len(scenarios), misses
 
 
@@ -239,7 +254,7 @@ def verify(
                         edge = serve(engine, edges, progress, checkers)
                         result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
-                    result.scenarios, result.coverage_problems = cover(engine, progress)
+                    result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
         except InvariantViolation as e:
             result.error = f"{stage} stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding, not a traceback

@@ -15,7 +15,7 @@ from typing import Any
 from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.walk import Action, reachable
-from spyre_verify.serve_loop import IDLE, MAX_STEPS, Servable, ServeStats, serve
+from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, Servable, ServeStats, serve
 from spyre_verify.workload import Abort, Arrival, Item
 
 
@@ -78,12 +78,20 @@ def step_limit(config: RuntimeConfig) -> int:
     return 4 * config.max_model_len + 8
 
 
-def drive(engine: Servable, pending_arrivals: tuple[Item, ...], max_steps: int) -> list[Bucket]:
+def drive(
+    engine: Servable,
+    pending_arrivals: tuple[Item, ...],
+    max_steps: int,
+    on_rejected: Rejected | None = None,
+    on_abort: Aborted | None = None,
+) -> list[Bucket]:
     """Run one scenario from an idle engine until idle again; the buckets it dispatched, in order.
 
     A witness has no idle gaps, no refused request and no abort of an ended request: an
     engine that idles with arrivals still to come, or an abort with nothing to abort, is a
-    `PlanError` (not skipped over), and a refusal raises.
+    `PlanError` (not skipped over). A refusal is shown to `on_rejected` (the checkers judge
+    it as they judge any other traffic's) and then stops the scenario as a `PlanError`;
+    without `on_rejected` it raises as the runtime raised it. Every abort sent goes to `on_abort`.
     """
     dispatched: list[Bucket] = []
 
@@ -94,7 +102,22 @@ def drive(engine: Servable, pending_arrivals: tuple[Item, ...], max_steps: int) 
     def missed(a: Abort, rid: str | None) -> None:
         raise PlanError(f"{a}: request {rid} of arrival #{a.ref} had already ended")
 
-    stats = serve(engine, pending_arrivals, on_step=record, on_missed=missed, max_steps=max_steps, skip_idle=False)
+    def refused(a: Arrival, e: ValueError) -> None:
+        assert on_rejected is not None
+        on_rejected(a, e)
+        prompt = f"{len(a.prompt)}-token prompt, max_tokens {a.max_tokens}"
+        raise PlanError(f"the runtime refused the witness's request ({prompt}): {type(e).__name__}: {e}")
+
+    stats = serve(
+        engine,
+        pending_arrivals,
+        on_step=record,
+        on_missed=missed,
+        on_rejected=refused if on_rejected is not None else None,
+        on_abort=on_abort,
+        max_steps=max_steps,
+        skip_idle=False,
+    )
     if stats.stopped == MAX_STEPS:
         raise PlanError(f"scenario still busy after {max_steps} steps")
     if stats.stopped is not None:
@@ -104,15 +127,22 @@ def drive(engine: Servable, pending_arrivals: tuple[Item, ...], max_steps: int) 
     return dispatched
 
 
-def run_scenario(engine: Any, scenario: Scenario, max_steps: int) -> str | None:
+def run_scenario(
+    engine: Any,
+    scenario: Scenario,
+    max_steps: int,
+    on_rejected: Rejected | None = None,
+    on_abort: Aborted | None = None,
+) -> str | None:
     """Drive one scenario; None when the engine dispatched its target, else why not (a finding).
 
     A scenario the engine did not follow (idle too early, a request rejected) leaves the
     engine drained and idle, so the next scenario starts clean. Anything else the engine
-    raises propagates: its state is no longer trusted.
+    raises propagates: its state is no longer trusted. `on_rejected` and `on_abort` show the
+    scenario's refusals and aborts to the checkers (`serve_loop.judged_by`, `aborts_judged_by`).
     """
     try:
-        seen = drive(engine, scenario.arrivals, max_steps)
+        seen = drive(engine, scenario.arrivals, max_steps, on_rejected, on_abort)
     except (PlanError, ValueError) as e:  # ValueError: the protocol's refusal
         for _ in range(max_steps):  # drain through the protocol's own calls
             if not engine.has_work():

@@ -72,6 +72,16 @@ class DispatchCoverage(Checker):
                 batch=batch,
             )
 
+    def coverage_miss(self, bucket: Bucket, what: str) -> None:
+        """A coverage scenario that did not dispatch its bucket: the runtime did not follow a
+        path DESIGN says reaches it. `what` names the bucket, the witness and what the runtime did."""
+        self.flag(
+            "coverage-miss",
+            f"coverage traffic: {what}",
+            kernel=bucket.kernel,
+            bucket=str(bucket),
+        )
+
     def finish(self, engine: Any) -> None:
         """Served (dispatched while serving) against the oracle's reachable set."""
         if "design_contract" not in getattr(engine, "capabilities", ()):

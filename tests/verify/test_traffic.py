@@ -117,3 +117,46 @@ def test_a_rejected_request_is_a_finding_and_leaves_the_engine_idle() -> None:
     miss = run_scenario(engine, never_fits, step_limit(TINY))
     assert miss is not None and miss.startswith(f"{target}: the walk's witness 'join(1, 3)' did not run: RequestError")
     assert not engine.has_work()
+
+
+def _refuse_coverage_prompts(monkeypatch: pytest.MonkeyPatch, config: RuntimeConfig) -> None:
+    """The runtime wrongly refuses exactly the coverage traffic's first join of each witness
+    (the prompt `traffic.prompt` builds with salt 0), so the main workload runs clean."""
+    from runtime.errors import RequestError
+    from spyre_verify.traffic import prompt
+
+    witness_prompts = {prompt(n, config.model.vocab_size) for n in range(1, config.max_model_len + 1)}
+    add = Engine.add_request
+
+    def add_request(self: Engine, prompt_token_ids: object, max_tokens: object, *a: object, **k: object) -> str:
+        if tuple(prompt_token_ids) in witness_prompts:  # type: ignore[call-overload]
+            raise RequestError("refused: the queue is closed for maintenance")
+        return add(self, prompt_token_ids, max_tokens, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "add_request", add_request)
+
+
+def test_a_refused_witness_is_a_coverage_miss_and_the_refusal_is_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spyre_verify.session import verify
+
+    config = TINY.with_(backend="eager")
+    _refuse_coverage_prompts(monkeypatch, config)
+    result = verify(config, workload=[Arrival(0, (5, 6), 2)], controls=False)
+    kinds = {v.kind for v in result.violations}
+    assert not result.ok
+    misses = [v for v in result.violations if v.kind == "coverage-miss"]
+    assert len(misses) == len(coverage_scenarios(config)) == result.scenarios
+    first = misses[0]
+    assert first.check == "dispatch-coverage" and first.bucket is not None
+    assert "the runtime refused the witness's request" in first.message and "maintenance" in first.message
+    assert "join(" in first.message  # the witness it served
+    # The same refusal, judged as any traffic's is: DESIGN accepts the request.
+    assert "wrongly-rejected" in kinds
+
+
+def test_coverage_traffic_on_a_correct_runtime_is_quiet() -> None:
+    from spyre_verify.session import verify
+
+    result = verify(TINY.with_(backend="eager"), workload=[Arrival(0, (5, 6), 2)], controls=False)
+    assert result.scenarios == len(coverage_scenarios(TINY)) and result.coverage_problems == []
+    assert not [v for v in result.violations if v.kind == "coverage-miss"], result.violations
