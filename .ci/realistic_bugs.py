@@ -45,10 +45,23 @@ class Bug:
     edits: tuple[tuple[str, str], ...]  # (old, new); each old occurs exactly once in the file
     description: str
     kind: str  # the escape class it stands for
+    # `check` flags that make the bug observable (e.g. a size flag, so the runtime's default pool is used).
+    check_args: tuple[str, ...] = ()
+    # The violation kind `check --no-controls` must name (tests/verify/test_seeded_runtime_bugs.py); "" if unpinned.
+    expect: str = ""
 
 
-def bug(name: str, file: str, old: str, new: str, description: str, kind: str) -> Bug:
-    return Bug(name, file, ((old, new),), description, kind)
+def bug(
+    name: str,
+    file: str,
+    old: str,
+    new: str,
+    description: str,
+    kind: str,
+    check_args: tuple[str, ...] = (),
+    expect: str = "",
+) -> Bug:
+    return Bug(name, file, ((old, new),), description, kind, check_args, expect)
 
 
 SCHED = "scheduling"
@@ -59,22 +72,33 @@ CONFIG = "config/env parsing"
 META = "metadata builder"
 KERNEL = "kernel masks"
 ENGINE = "engine"
+WORD = "the runtime's own word"
 
 BUGS: list[Bug] = [
     # -- scheduling decisions: no bucket and no token need change --------------------------------
     bug(
         "strip-one-step-late",
         "runtime/scheduler.py",
-        "        for r in done:\n"
-        "            self.running.remove(r)\n"
-        "            self.pool.free(r.request_id, r.blocks)\n"
-        "            self.pool.release(r.request_id)\n"
+        "        done = []\n"
+        "        for r, t in zip(list(rows), tokens, strict=True):\n"
+        "            r.output.append(t)\n"
+        "            reason = self.finish_reason(r)\n"
+        "            if reason is not None:\n"
+        "                self._end(r, reason)\n"
+        "                done.append(r)\n"
+        "        if plan.admission is None:\n"
+        "            self.tkv += 1  # every decoded row cached one more token\n"
         "        self._strip()\n",
+        "        done = []\n"
         "        self._strip()\n"
-        "        for r in done:\n"
-        "            self.running.remove(r)\n"
-        "            self.pool.free(r.request_id, r.blocks)\n"
-        "            self.pool.release(r.request_id)\n",
+        "        for r, t in zip(list(rows), tokens, strict=True):\n"
+        "            r.output.append(t)\n"
+        "            reason = self.finish_reason(r)\n"
+        "            if reason is not None:\n"
+        "                self._end(r, reason)\n"
+        "                done.append(r)\n"
+        "        if plan.admission is None:\n"
+        "            self.tkv += 1  # every decoded row cached one more token\n",
         "strip runs before the finished rows leave, so their padding is only dropped a step later",
         SCHED,
     ),
@@ -91,16 +115,16 @@ BUGS: list[Bug] = [
     bug(
         "finish-one-token-early",
         "runtime/scheduler.py",
-        "        done = [r for r in self.running if r.remaining == 0]\n",
-        "        done = [r for r in self.running if r.remaining <= 1]\n",
+        '        return "length" if r.remaining == 0 else None\n',
+        '        return "length" if r.remaining <= 1 else None\n',
         "a request ends when one token is still to come (the in-flight token is counted as generated)",
         SCHED,
     ),
     bug(
         "finish-one-token-late",
         "runtime/scheduler.py",
-        "        done = [r for r in self.running if r.remaining == 0]\n",
-        "        done = [r for r in self.running if r.remaining < 0]\n",
+        '        return "length" if r.remaining == 0 else None\n',
+        '        return "length" if r.remaining < 0 else None\n',
         "a request ends one token after max_tokens",
         SCHED,
     ),
@@ -340,8 +364,8 @@ BUGS: list[Bug] = [
     bug(
         "block-size-odd-check",
         "runtime/config.py",
-        '    ("block_size", lambda v, c: not v & (v - 1), "must be a power of two (1, 2, 4, ... 64)"),\n',
-        '    ("block_size", lambda v, c: v % 2 == 0, "must be a power of two (1, 2, 4, ... 64)"),\n',
+        '    ("block_size", lambda v, c: not v & (v - 1), "must be a power of two (1, 2, 4, 8, ...)"),\n',
+        '    ("block_size", lambda v, c: v % 2 == 0, "must be a power of two (1, 2, 4, 8, ...)"),\n',
         "the power-of-two rule is an evenness test: block_size 6 accepted, 1 refused",
         CONFIG,
     ),
@@ -398,8 +422,8 @@ BUGS: list[Bug] = [
     bug(
         "decode-mask-excludes-new-token",
         "runtime/attention.py",
-        "    upto = pos <= tkv.reshape(1, 1)\n",
-        "    upto = pos < tkv.reshape(1, 1)\n",
+        "    keep = pos <= tkv.reshape(1, 1, 1, 1)\n",
+        "    keep = pos < tkv.reshape(1, 1, 1, 1)\n",
         "decode attention stops before position tkv, the token it just wrote",
         KERNEL,
     ),
@@ -435,6 +459,56 @@ BUGS: list[Bug] = [
         "        return self._pick((md.request_id,), self.model.logits(x[-1:]))\n",
         "prefill samples from the last padded position, wrong when a join is right-padded",
         ENGINE,
+    ),
+    # -- what the runtime reports about itself: counts, labels, config values, refusals ------------
+    bug(
+        "one-row-decode-bypasses-runner",
+        "runtime/paged_attention.py",
+        "                rows.append(run(md.bucket, *args).clone())\n",
+        "                rows.append(attention.make_decode()(*args).clone())\n",
+        "per-sequence decode calls the attention function directly, not its compiled runner: "
+        "served eagerly, and neither of the runner's counters moves",
+        WORD,
+        expect="uncounted-call",
+    ),
+    bug(
+        "batched-flags-unpacked-swapped",
+        "runtime/paged_attention.py",
+        "        n, k, needs_gather, store_out = key.num_seqs, key.kv_blocks, key.needs_gather, key.store_out\n",
+        "        n, k, needs_gather, store_out = key.num_seqs, key.kv_blocks, key.store_out, key.needs_gather\n",
+        "the batched kernel's two flags are unpacked in swapped order: each graph is compiled with the other "
+        "flag pair than its compile event's label says (tokens stay right)",
+        WORD,
+        expect="mislabelled-compile",
+    ),
+    bug(
+        "default-pool-without-null-block",
+        "runtime/config.py",
+        "        return self.max_num_seqs * self.max_blocks_per_seq + 1\n",
+        "        return self.max_num_seqs * self.max_blocks_per_seq\n",
+        "the default pool forgets the null block, one block short of DESIGN's",
+        WORD,
+        check_args=("--max-model-len", "16"),  # a size flag: the runtime's default pool, not the embedded 8
+        expect="config-mismatch",
+    ),
+    bug(
+        "recompile-limit-from-kv-ladder",
+        "runtime/compiler.py",
+        "        limit = max(cfg.recompile_limit, buckets + COMPILE_HEADROOM)\n",
+        "        limit = (config.max_blocks_per_seq - 1).bit_length() + 1  # a graph per KV rung\n",
+        "the recompile limit is sized from the KV ladder (3 rungs at the default config), not the bucket "
+        "count: prefill alone has 4 warm graphs, past the limit Dynamo runs eagerly",
+        WORD,
+        expect="recompile-limit-too-low",
+    ),
+    bug(
+        "one-token-prompt-refused",
+        "runtime/scheduler.py",
+        "        if not tokens:\n",
+        "        if len(tokens) <= 1:\n",
+        "the emptiness check is off by one: a one-token prompt, which most coverage witnesses join with, is refused",
+        WORD,
+        expect="coverage-miss",
     ),
 ]
 
@@ -583,7 +657,7 @@ def run_one(b: Bug | None, files: list[str], opts: argparse.Namespace) -> Outcom
         probe(root)
         check_out, hunt_out = tmp / "c", tmp / "h"
         o.check_exit, o.check_seconds, err = run_tool(
-            ["check", "--no-controls", "--out", str(check_out)], root, opts.timeout
+            ["check", "--no-controls", *(b.check_args if b else ()), "--out", str(check_out)], root, opts.timeout
         )
         o.check_first = check_first(check_out, o.check_exit, err)
         o.hunt_exit, o.hunt_seconds, err = run_tool(
