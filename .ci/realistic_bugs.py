@@ -370,11 +370,11 @@ BUGS: list[Bug] = [
         CONFIG,
     ),
     bug(
-        "env-empty-kv-buckets-ignored",
+        "env-empty-value-refused",
         "runtime/config.py",
-        "        if ENV_KV_BUCKETS in env:\n",
-        "        if env.get(ENV_KV_BUCKETS):\n",
-        "SPYRE_ATTN_KV_BUCKETS='' is treated as unset instead of a ConfigError",
+        '        env = {name: env[name] for name in ENV_VARIABLES if env.get(name, "") != ""}\n',
+        "        env = {name: env[name] for name in ENV_VARIABLES if name in env}\n",
+        "a SPYRE_* variable set to the empty string is parsed (and refused) instead of counting as unset",
         CONFIG,
     ),
     bug(

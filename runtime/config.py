@@ -22,6 +22,7 @@ ENV_KV_BUCKETS = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED_DECODE = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
 ENV_BATCH_TKV = "SPYRE_MAX_BATCH_TKV_LIMIT"
+ENV_VARIABLES = (ENV_KV_BUCKETS, ENV_BATCHED_DECODE, ENV_BACKEND, ENV_BATCH_TKV)
 # Ladders and bucket enumeration grow linearly with the blocks of one sequence; this is far
 # above any real config (2048 at 131072 tokens of 64) and keeps `spyre-verify ladders` instant.
 MAX_BLOCKS_PER_SEQ = 8192
@@ -106,6 +107,8 @@ class RuntimeConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RuntimeConfig:
         """Build a config from arguments, letting the plugin's env variables override."""
         env = os.environ if env is None else env
+        # A variable set to the empty string counts as unset, as in the real plugin.
+        env = {name: env[name] for name in ENV_VARIABLES if env.get(name, "") != ""}
         if ENV_KV_BUCKETS in env:
             kwargs["kv_buckets"] = parse_kv_buckets(env[ENV_KV_BUCKETS], ENV_KV_BUCKETS)
         if ENV_BATCHED_DECODE in env:

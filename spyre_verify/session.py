@@ -163,9 +163,7 @@ def abort_edges(config: RuntimeConfig) -> list[Item]:
     return edges
 
 
-def cover(
-    engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()
-) -> tuple[int, list[str]]:
+def cover(engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()) -> tuple[int, list[str]]:
     """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses).
 
     The scenarios are traffic like any other: their refusals and aborts go to the checkers, and

@@ -83,7 +83,13 @@ def _positive(text: str) -> int | None:
     return int(t)
 
 
+def _set(env: Mapping[str, str]) -> dict[str, str]:
+    """The modelled variables that are set: DESIGN counts one set to the empty string as unset."""
+    return {k: v for k in (ENV_KV, ENV_BATCHED, ENV_BACKEND, ENV_TKV_LIMIT) if (v := env.get(k, "")) != ""}
+
+
 def _env_problem(env: Mapping[str, str]) -> str | None:
+    env = _set(env)
     if ENV_BATCHED in env and env[ENV_BATCHED].strip() not in ("0", "1"):
         return f"{ENV_BATCHED}={env[ENV_BATCHED]!r} is not 0 or 1"
     if ENV_BACKEND in env and env[ENV_BACKEND].strip() not in BACKEND_NAMES:
@@ -100,6 +106,7 @@ def _env_problem(env: Mapping[str, str]) -> str | None:
 def settings(kwargs: Mapping[str, object], env: Mapping[str, str]) -> dict[str, object]:
     """The modelled settings after env overrides; call only when `_env_problem` is None."""
     out = {**DEFAULTS, **{k: v for k, v in kwargs.items() if k in KWARGS}}
+    env = _set(env)
     if ENV_KV in env:
         out["kv_buckets"] = _token_list(env[ENV_KV])
     if ENV_BATCHED in env:

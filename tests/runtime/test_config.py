@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.config import ENV_BACKEND, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.config import ENV_BACKEND, ENV_BATCH_TKV, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
 
 
@@ -28,9 +28,16 @@ def test_env_kv_buckets_non_integer() -> None:
     assert ENV_KV_BUCKETS in msg and "'64,abc,2048'" in msg and "'abc'" in msg and "not an integer" in msg
 
 
-def test_env_kv_buckets_empty_string() -> None:
-    msg = reject_env(ENV_KV_BUCKETS, "")
-    assert ENV_KV_BUCKETS in msg and "''" in msg and "empty" in msg
+@pytest.mark.parametrize("name", [ENV_KV_BUCKETS, ENV_BATCHED_DECODE, ENV_BACKEND, ENV_BATCH_TKV])
+def test_an_env_variable_set_to_the_empty_string_counts_as_unset(name: str) -> None:
+    # DESIGN "Runtime semantics": as in the real plugin, `SPYRE_X=` is the same as no SPYRE_X.
+    base = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}
+    assert RuntimeConfig.from_env(env={name: ""}, **base) == RuntimeConfig.from_env(env={}, **base)
+
+
+def test_a_blank_kv_override_is_not_empty_and_is_refused() -> None:
+    msg = reject_env(ENV_KV_BUCKETS, " ")
+    assert ENV_KV_BUCKETS in msg and "' '" in msg and "empty" in msg
 
 
 def test_env_kv_buckets_empty_entry() -> None:
@@ -139,7 +146,7 @@ def test_unknown_backend_env() -> None:
     assert f"{ENV_BACKEND}='tvm'" in msg and "unknown backend" in msg and "aot_eager" in msg
 
 
-@pytest.mark.parametrize("value", ["2", "true", "", "yes"])
+@pytest.mark.parametrize("value", ["2", "true", " ", "yes"])
 def test_batched_decode_env_not_0_or_1(value: str) -> None:
     msg = reject_env(ENV_BATCHED_DECODE, value)
     assert f"{ENV_BATCHED_DECODE}={value!r}" in msg and "must be 0 or 1" in msg
