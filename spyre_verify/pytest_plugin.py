@@ -13,10 +13,12 @@ An empty shard of a non-empty selection exits 0, not 5, so a CI matrix of shards
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -79,9 +81,46 @@ def pytest_configure(config: pytest.Config) -> None:
     n, k = config.getoption("attn_shards"), config.getoption("attn_shard_id")
     if n < 1 or not 0 <= k < n:
         raise pytest.UsageError(f"--attn-shards={n} --attn-shard-id={k}: need N >= 1 and 0 <= K < N")
+    quiet_torch_trace(os.environ)
     if not config.getoption("help", False):
         config.stash[_CONFIG_KEY] = fixture_config(config, os.environ)
         hunt_database(config, os.environ)
+
+
+class _NoTrace(logging.Filter):
+    """torch's structured-trace logger sends a DEBUG record with an empty message for each compile
+    event, and a failing test's captured log then shows hundreds of blank "DEBUG torch.__trace"
+    lines before anything useful. Dropped at the logger, unless TORCH_TRACE asks for the trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+def quiet_torch_trace(env: Mapping[str, str]) -> None:
+    log = logging.getLogger("torch.__trace")
+    if not env.get("TORCH_TRACE") and not any(isinstance(f, _NoTrace) for f in log.filters):
+        log.addFilter(_NoTrace())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A test failed by a checker reports the violation first, where the traceback would bury it
+    under frames of torch and the engine: the violation, then the test line that reached it."""
+    report: pytest.TestReport = yield
+    from spyre_verify.checks.violations import InvariantViolation
+
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if report.failed and isinstance(exc, InvariantViolation):
+        assert call.excinfo is not None
+        mine = [e for e in call.excinfo.traceback if Path(str(e.path)) == Path(item.path)]
+        where = f"{mine[-1].path}:{mine[-1].lineno + 1}: {str(mine[-1].statement).strip()}" if mine else item.nodeid
+        lines = [
+            f"spyre-verify: {len(exc.violations)} violation(s)",
+            *map(str, exc.violations),
+            f"reached from {where}",
+        ]
+        report.longrepr = "\n".join(lines)
+    return report
 
 
 def hunt_database(config: pytest.Config, env: Mapping[str, str]) -> None:
@@ -320,16 +359,23 @@ def graph_audit(request: pytest.FixtureRequest) -> Callable[..., AbstractContext
             pytest.fail("graph_audit is broken: its control call through the engine's serving path was not refused")
         seen = _Compiles()
         detach = target.subscribe(seen)
+        refused = None
         try:
             with graph_reuse.serving_stance():
                 yield
         except RuntimeError as e:
-            if is_stance_error(e):
-                pytest.fail(f"graph_audit: a graph compiled inside the audited block: {str(e).splitlines()[0]}")
-            raise
+            if not is_stance_error(e):
+                raise
+            refused = "\n".join(str(e).splitlines()[:6])  # the stance's message names the guard that failed
         finally:
             detach()
+        if refused is not None:  # torch's frames and the stance's own error add nothing to its message
+            message = f"graph_audit: a graph compiled inside the audited block: {refused}"
+            raise pytest.fail.Exception(message, pytrace=False) from None
         if seen.events:
-            pytest.fail(f"graph_audit: {len(seen.events)} compiles inside the audited block: {seen.events[0].bucket}")
+            pytest.fail(
+                f"graph_audit: {len(seen.events)} compiles inside the audited block: {seen.events[0].bucket}",
+                pytrace=False,
+            )
 
     return audit

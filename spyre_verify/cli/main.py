@@ -139,9 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = f"{PROG} {args.command}" if args.command else PROG
         if extra:  # a subcommand hands what it does not know up to the top parser: name the subcommand
             raise ParseError(prog, f"unrecognized arguments: {' '.join(extra)}")
-        if args.command is None:
-            print(hint(parser), file=sys.stderr)
-            return EXIT_USAGE
+        if args.command is None:  # asked what there is, as documented: an answer, not an error
+            print(hint(parser))
+            return 0
         check_dirs(args)
         return int(args.run(args))
     except ParseError as e:

@@ -31,13 +31,45 @@ def test_compiles_inside_the_audit(graph_audit):
 """
 
 
-def test_graph_audit_fails_a_test_that_compiles(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_inner=INNER_COMPILES)
+INNER_VIOLATES = """
+from spyre_verify import faults
+
+def test_padding_points_at_a_live_block(spyre_engine):
+    with faults.get("live-block-padding").active():
+        for _ in range(3):
+            spyre_engine.add_request([1, 2, 3, 4, 5], 4)
+        spyre_engine.run_until_done()
+"""
+
+
+def failure_sections(text: str) -> dict[str, list[str]]:
+    """Each failed test's report lines, by test name, from pytest's FAILURES section."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("____") and line.endswith("____"):
+            name = line.strip("_ ")
+            out[name] = []
+        elif line.startswith("====") and name is not None and "short test summary" in line:
+            break
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def test_a_failing_plugin_test_shows_its_violation_first_and_no_trace_noise(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_inner=INNER_COMPILES, test_violates=INNER_VIOLATES)
     # A subprocess: an in-process run would drop the torch modules it imported first from
     # sys.modules afterwards, and a later re-import in this worker breaks torch's registries.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    assert "a graph compiled inside the audited block" in result.stdout.str()
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str()
+    assert "torch.__trace" not in text
+    sections = failure_sections(text)
+    audit, padding = sections["test_compiles_inside_the_audit"], sections["test_padding_points_at_a_live_block"]
+    assert any("a graph compiled inside the audited block" in line for line in audit[:20]), audit[:20]
+    assert any("[padding-validity/live-padding]" in line for line in padding[:20]), padding[:20]
+    assert any(line.startswith("reached from") and "run_until_done" in line for line in padding[:20])
 
 
 INNER_NO_STANCE = """
