@@ -16,7 +16,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,10 +103,12 @@ def quiet_torch_trace(env: Mapping[str, str]) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A test failed by a checker reports the violation first, where the traceback would bury it
     under frames of torch and the engine: the violation, then the test line that reached it."""
-    report: pytest.TestReport = yield
+    report = yield
     from spyre_verify.checks.violations import InvariantViolation
 
     exc = call.excinfo.value if call.excinfo is not None else None
