@@ -1,8 +1,9 @@
 """`spyre-verify replay REPORT`: re-run one hunt finding's property on its stored, shrunk case.
 
 REPORT is the `hunt.json` / `hunt-FAULT.json` a hunt wrote; `--index N` picks its Nth finding
-(1-based, as the hunt numbers them; default 1). The property (dispatch trace, warmup,
-ladders or config) runs on exactly the stored case, under `--fault NAME` if given: a
+(1-based, as the hunt numbers them; default 1). A `--runtime` hunt's protocol finding is
+replayed by re-running its hunt reproducer (its runtime's state is not stored). Any other
+property (dispatch trace, warmup, ladders or config) runs on exactly the stored case, under `--fault NAME` if given: a
 fault is applied only when named, so dropping `--fault` from a control's reproducer asks
 whether the clean runtime has the bug too. Exit 1 when the property still fails (the
 violation printed as the hunt printed it), 0 when it holds now, 2 on a bad file.
@@ -25,6 +26,7 @@ from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.findings import CHECKS, Finding, crash, from_runtime
 from spyre_verify.hunt.properties import check_config, check_ladders, check_trace, check_warmup
+from spyre_verify.hunt.protocol_property import PROTOCOL
 from spyre_verify.hunt.strategies import VIAS, Op
 from spyre_verify.report import SCHEMA_VERSION
 
@@ -157,8 +159,27 @@ def verdict(f: Finding, fault: str | None, now: list[Finding]) -> tuple[str, int
     return f"reproduced: {label}, {exact}", 1
 
 
+def rerun_hunt(args: argparse.Namespace, d: dict[str, Any]) -> int:
+    """A protocol finding: its case is a trace served on a runtime that earlier examples had
+    already moved, so no stored case rebuilds it. Its reproducer is the hunt on that runtime,
+    which replays the saved failure from its database first: run exactly that, with its report
+    beside the one replayed rather than over it, and exit as it does."""
+    line = d.get("reproducer")
+    argv = shlex.split(line) if isinstance(line, str) else []
+    if argv[:2] != ["spyre-verify", "hunt"]:
+        raise UsageError(f"{args.report}: finding {args.index} is a protocol finding without a hunt reproducer")
+    if args.fault is not None:
+        raise UsageError(f"--fault {args.fault}: a protocol finding replays under its own runtime's fault, if any")
+    print(f"replay: finding {args.index} of {args.report} is a protocol finding; re-running its hunt: {line}")
+    from spyre_verify.cli.main import main  # the same entry point the printed line runs
+
+    return main([*argv[1:], "--out", str(args.report.parent / "replay")])
+
+
 def run(args: argparse.Namespace) -> int:
     d = load(args.report, args.index)
+    if d.get("property") == PROTOCOL:
+        return rerun_hunt(args, d)
     try:
         f = finding_of(d)
     except ConfigError as e:

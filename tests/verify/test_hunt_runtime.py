@@ -98,6 +98,12 @@ def test_a_foreign_fault_is_found_shrunk_and_reproduced(capsys: pytest.CaptureFi
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "cold-dispatch" in done.stdout
+    # `replay REPORT` takes the protocol finding too: it runs that same reproducer.
+    (report,) = (tmp_path / "out").glob("hunt-*.json")
+    assert main(["replay", str(report)]) == 1
+    printed = capsys.readouterr().out
+    assert f"is a protocol finding; re-running its hunt: {line}" in printed and "cold-dispatch" in printed
+    assert main(["replay", str(report), "--fault", "mask-leak"]) == 2  # a bundled fault means nothing here
 
 
 def test_padding_fault_is_loud_and_an_unobserved_fault_says_why(
