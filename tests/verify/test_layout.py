@@ -1,4 +1,4 @@
-"""The package layout holds: no import cycles anywhere, and a runtime small enough to read in one sitting."""
+"""The package layout holds: no import cycles anywhere, and runtime files of one concept each."""
 
 from __future__ import annotations
 
@@ -6,15 +6,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Issue 13 asks for 1,550 (`cat runtime/*.py | wc -l`). Moving the reference and the KV
-# checksum out, merging one-concept files and compacting took it from 1,970 to 1,809;
-# the rest is code, imports and the blank lines ruff format requires. Issue 15's stop
-# tokens, aborts and volumetric limit then added about 150 lines of real rules, and
-# issue 17's cached queue ids ten more; its live queue view (a state event in O(1), not
-# O(queue) on every queue change) and one interned object per bucket (a step's bucket is
-# found in every dict by identity) another 30. This guards the ground won until a cut of
-# real code is decided.
-RUNTIME_LINE_BUDGET = 2_000
+# The old whole-runtime budget (1,550, then 2,000 lines) is lifted: a second layout needs room
+# (issue 27). What a reader needs is one concept a file, so each file has a budget instead
+# (DESIGN: "most files well under 300 lines"; the scheduler, at 325, is the largest).
+RUNTIME_FILE_BUDGET = 350
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -93,9 +88,10 @@ def test_the_cycle_scan_finds_a_cycle_through_a_lazy_relative_import(tmp_path: P
     assert import_cycles(tmp_path, ("pkg",)) == [["pkg.a", "pkg.sub.b"]]
 
 
-def test_runtime_stays_within_its_line_budget() -> None:
-    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "runtime").glob("*.py"))
-    assert lines <= RUNTIME_LINE_BUDGET, f"runtime/ has {lines} lines, over its budget of {RUNTIME_LINE_BUDGET}"
+def test_each_runtime_file_stays_one_concept_long() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "runtime").glob("*.py")}
+    over = {name: n for name, n in sizes.items() if n > RUNTIME_FILE_BUDGET}
+    assert sizes and not over, f"runtime files over {RUNTIME_FILE_BUDGET} lines (split by concept): {over}"
 
 
 def test_every_capability_is_a_sub_package() -> None:
