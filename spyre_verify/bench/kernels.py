@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from runtime import attention
-from runtime.bucketer import SpyreAttnBucketer
 from runtime.compiler import fresh_function
 from runtime.config import RuntimeConfig
 from runtime.paged_attention import cache_shapes
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.bench.timing import alternate, calls_for, per_call, synchronizer
 from spyre_verify.messages import Progress
+from spyre_verify.oracle.derive import ladders, usable_blocks
 
 
 @dataclass
@@ -67,11 +67,12 @@ class TopBucket:
 def top_bucket(config: RuntimeConfig, seed: int = 0, device: str = "cpu") -> TopBucket:
     gen = torch.Generator().manual_seed(seed)
     m, bs, s = config.model, config.block_size, config.max_num_seqs
-    k = SpyreAttnBucketer(config).kv_blocks[-1]  # the runtime's own top rung: the bench drives it
+    k = ladders(config).kv_blocks[-1]  # DESIGN's top rung, which the runtime's ladder must also top out at
     k_shape, v_shape = cache_shapes(config)
-    assert config.usable_blocks >= s * k, f"a pool of {config.usable_blocks} blocks cannot hold {s} rows of {k}"
+    usable = usable_blocks(config)  # DESIGN's pool, not the runtime's word for it
+    assert usable >= s * k, f"a pool of {usable} blocks cannot hold {s} rows of {k}"
     # Distinct real block ids (never the null block 0), scattered over the pool.
-    ids = torch.randperm(config.total_blocks - 1, generator=gen)[: s * k] + 1
+    ids = torch.randperm(usable, generator=gen)[: s * k] + 1
     tkv = k * bs - 1  # the last position of the top rung: every block is attended
     top = TopBucket(
         q=torch.randn(s, m.num_heads, m.head_dim, generator=gen),
