@@ -208,6 +208,8 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
             baseline=f"bare engine: median step {base_med:.3f} ms",
             notes=[*notes[:2], integrity_note(rigs[KV])],
             details={"bare_step_ms": base_ms, "paired_step_ratio": paired[KV], **integrity_reads(rigs[KV])},
+            # As for figure 1: the KV engine's checks must have run, on every step's block table.
+            conditions={"every step's block table checked, and KV integrity checked": kv_judged(rigs[KV])},
             remedy="each check gathers the blocks written or freed since the last one and the null block through "
             "`kv_blocks`, then digests them slot by slot: a few dozen tensor ops a step; `--integrity-every` "
             "(soak) spaces the checks out",
@@ -220,6 +222,13 @@ def all_judged(judged: dict[str, int]) -> bool:
     """Whether every step-judging checker saw every timed step (and there was a step to see)."""
     timed = judged["timed"]
     return timed > 0 and all(n == timed for name, n in judged.items() if name != "timed")
+
+
+def kv_judged(rig: Rig) -> bool:
+    """Whether the KV-integrity engine's padding checker saw a table every step it took (idle steps
+    are not counted as steps) and its integrity checks ran at all."""
+    padding = padding_of(rig)
+    return rig.engine.steps > 0 and padding.tables_checked == rig.engine.steps and bool(integrity_reads(rig))
 
 
 def remedy(parts: dict[str, float], base_us: float, target: float) -> str:

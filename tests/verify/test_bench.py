@@ -270,10 +270,12 @@ def test_figure_1_is_missed_when_a_checker_judged_no_step(unheard: type | None) 
     config = TINY.engine_config("eager")
     rigs = _rigs(config, unheard)
     try:
-        one = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)[0]
+        figures = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)
+        one = figures[0]
     finally:
         for rig in reversed(rigs.values()):
             rig.engine.close()
+    assert figures[1].failed == []  # 1b: the KV engine checked every step either way
     judged = one.details["steps_judged"]
     assert judged["timed"] == TINY.steps_per_round
     if unheard is None:
@@ -282,3 +284,18 @@ def test_figure_1_is_missed_when_a_checker_judged_no_step(unheard: type | None) 
     else:
         assert judged["contract-conformance"] == 0
         assert one.failed == ["every checker judged every timed step"] and one.met is False
+
+
+def test_figure_1b_is_missed_when_the_kv_engine_checked_no_table() -> None:
+    config = TINY.engine_config("eager")
+    rigs = _rigs(config)
+    padding = next(c for c in rigs[KV].checkers if isinstance(c, PaddingValidity))
+    try:
+        # Its tables never reach it: the figure would time an engine that checks nothing.
+        with mock.patch.object(padding, "on_block_table", lambda ev: None):
+            rigs[KV].engine.subscribe(object())()  # the bus looks its handlers up again
+            kv = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)[1]
+    finally:
+        for rig in reversed(rigs.values()):
+            rig.engine.close()
+    assert kv.met is False and kv.failed == ["every step's block table checked, and KV integrity checked"]
