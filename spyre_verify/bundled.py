@@ -4,6 +4,9 @@ protocol asks for, each read off a public part of the engine. It offers every ca
 
 The reference generator is the harness's own (`spyre_verify.oracle.reference`), written from
 DESIGN rather than taken from the runtime, so output equivalence stays an independent judge.
+It runs on its own model, built from the config's seed when the runtime is built, before
+warmup or serving: a serving path that changed the engine's weights or position table in
+place would otherwise change the reference with them, and the two would agree.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from runtime.block_pool import NULL_BLOCK
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.errors import RequestError
+from runtime.model import TinyTransformer
 from runtime.warmup import Seams
 from spyre_verify.checks.control_calls import Control, control_calls
 from spyre_verify.oracle.reference import ReferenceRun, generate
@@ -25,6 +29,11 @@ class BundledRuntime(Engine):
     name = "bundled"
     capabilities = frozenset(CAPABILITIES)
     refusal = RequestError  # what it raises to refuse; any other ValueError is a bug, not a refusal
+
+    def __init__(self, config: RuntimeConfig, *args: Any, **kwargs: Any) -> None:
+        # Built first and from the seed, never copied from the engine's model: shares no tensor with it.
+        self.reference_model = TinyTransformer(config)
+        super().__init__(config, *args, **kwargs)
 
     @property
     def null_block(self) -> int:
@@ -46,7 +55,7 @@ class BundledRuntime(Engine):
     def reference(
         self, prompt: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int] = (), ignore_eos: bool = False
     ) -> ReferenceRun:
-        return generate(self.model, list(prompt), max_tokens, stop_token_ids, ignore_eos)
+        return generate(self.reference_model, list(prompt), max_tokens, stop_token_ids, ignore_eos)
 
     def kv_blocks(self, blocks: Sequence[int]) -> list[Any]:
         import torch

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from runtime import attention
-from runtime.bucketer import SpyreAttnBucketer
 from runtime.compiler import fresh_function
 from runtime.config import RuntimeConfig
 from runtime.paged_attention import cache_shapes
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.bench.timing import alternate, calls_for, per_call, synchronizer
 from spyre_verify.messages import Progress
+from spyre_verify.oracle.derive import ladders, usable_blocks
 
 
 @dataclass
@@ -67,11 +67,12 @@ class TopBucket:
 def top_bucket(config: RuntimeConfig, seed: int = 0, device: str = "cpu") -> TopBucket:
     gen = torch.Generator().manual_seed(seed)
     m, bs, s = config.model, config.block_size, config.max_num_seqs
-    k = SpyreAttnBucketer(config).kv_blocks[-1]  # the runtime's own top rung: the bench drives it
+    k = ladders(config).kv_blocks[-1]  # DESIGN's top rung, which the runtime's ladder must also top out at
     k_shape, v_shape = cache_shapes(config)
-    assert config.usable_blocks >= s * k, f"a pool of {config.usable_blocks} blocks cannot hold {s} rows of {k}"
+    usable = usable_blocks(config)  # DESIGN's pool, not the runtime's word for it
+    assert usable >= s * k, f"a pool of {usable} blocks cannot hold {s} rows of {k}"
     # Distinct real block ids (never the null block 0), scattered over the pool.
-    ids = torch.randperm(config.total_blocks - 1, generator=gen)[: s * k] + 1
+    ids = torch.randperm(usable, generator=gen)[: s * k] + 1
     tkv = k * bs - 1  # the last position of the top rung: every block is attended
     top = TopBucket(
         q=torch.randn(s, m.num_heads, m.head_dim, generator=gen),
@@ -156,6 +157,8 @@ def batched_figure(plan: Plan, progress: Progress) -> Figure:
             f"tensor.sum() reads the same {top.kv_bytes} B in {read * 1e6:.0f} us",
         ],
         settings=_settings(config, top, budget, torch.get_num_threads()),
+        # A fast kernel with wrong rows is no speedup: the target needs the rows to equal the loop's.
+        conditions={"batched rows equal the per-sequence results": match},
         details={
             "outputs_match": match,
             "per_call_us": call * 1e6,
@@ -195,7 +198,8 @@ def roofline_figure(plan: Plan, progress: Progress) -> Figure:
         # The same bytes, contiguous, read by one reduction.
         stream = torch.randn(top.kv_bytes // top.k_cache.element_size(), device=plan.device)
         with torch.no_grad():
-            batched(*top.batched_args())
+            got = batched(*top.batched_args()).clone()
+            match, err = matches_eager(top, got)
             stream.sum()
             pairs = alternate(lambda: batched(*top.batched_args()), stream.sum, plan.repeats, budget, sync)
         settings = _settings(config, top, budget, torch.get_num_threads())
@@ -213,6 +217,7 @@ def roofline_figure(plan: Plan, progress: Progress) -> Figure:
         backend=plan.backend,
         judged_under="inductor",
         notes=[
+            f"compiled decode rows equal the eager per-sequence decode: {match} (largest difference {err:.2g})",
             "bytes counted: K and V of every position a real row attends (left_pad..tkv), once: "
             f"{top.kv_bytes} B; the kernel reads whole blocks ({top.block_bytes} B), the masked slots of each "
             "row's first block uncounted",
@@ -221,9 +226,20 @@ def roofline_figure(plan: Plan, progress: Progress) -> Figure:
             + (f"; on {plan.device} {GPU_ROWS}x the rows, so launches do not dominate" if plan.device != "cpu" else ""),
         ],
         settings=settings,
-        details={"kernel_gbps": kernel_bw, "stream_gbps": stream_bw},
+        details={"kernel_gbps": kernel_bw, "stream_gbps": stream_bw, "outputs_match": match, "max_abs_error": err},
         remedy=_roofline_remedy(plan.backend),
+        # Bandwidth from a kernel that skips work is no bandwidth: its output must be the eager kernel's.
+        conditions={"the compiled decode's rows equal the eager per-sequence decode's": match},
     )
+
+
+def matches_eager(top: TopBucket, got: torch.Tensor) -> tuple[bool, float]:
+    """Whether a batched decode's output `got` equals the per-sequence kernel run eagerly, row by
+    row, with no compiler, and the largest absolute difference."""
+    eager = attention.make_decode()
+    want = torch.cat([eager(*top.row_args(i)) for i in range(top.q.shape[0])])
+    err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+    return bool(torch.allclose(got, want, atol=1e-5, rtol=1e-4)), err
 
 
 # On a GPU the CPU's 134 MB stream in ~30 us, about one call's launch cost: 8x the rows keeps

@@ -52,11 +52,23 @@ ADVICE = {
 }
 
 
-def _timed(drive: Lockstep, spent: dict[str, float], name: str, handler: Callable[..., None]) -> Callable[..., None]:
+# The events of a serving step: a checker with a handler for one of them judges steps. One with
+# none (ladder agreement: the builder at attach, compile events) has no step to judge.
+STEP_EVENTS = ("dispatch", "block_table", "kv_write", "state", "step", "token")
+
+
+def judges_steps(c: Checker) -> bool:
+    return any(hasattr(type(c), "on_" + kind) for kind in STEP_EVENTS)
+
+
+def _timed(
+    drive: Lockstep, spent: dict[str, float], seen: dict[str, set[int]], name: str, handler: Callable[..., None]
+) -> Callable[..., None]:
     def run(*args: object) -> None:
         if not drive.in_step:  # a request's or an abort's handler: no part of a timed step
             handler(*args)
             return
+        seen[name].add(drive.stepped)
         t0 = time.perf_counter()
         try:
             handler(*args)
@@ -88,13 +100,19 @@ def swapped(
         engine.subscribe(object())()
 
 
-def handler_us(drive: Lockstep, engine: BundledRuntime, checkers: list[Checker], steps: int) -> dict[str, float]:
+def handler_us(
+    drive: Lockstep, engine: BundledRuntime, checkers: list[Checker], steps: int
+) -> tuple[dict[str, float], dict[str, int]]:
     """Microseconds per step each checker spends in its handlers inside timed steps (a request's
-    handlers run in `add_request`, outside them), timed in place for one more round."""
+    handlers run in `add_request`, outside them), timed in place for one more round; and the
+    timed steps each checker that judges steps was handed an event of (`timed` is the round's)."""
     spent = {c.name: 0.0 for c in checkers}
-    with swapped(engine, checkers, lambda c, h: _timed(drive, spent, c.name, h)):
+    seen: dict[str, set[int]] = {c.name: set() for c in checkers}
+    with swapped(engine, checkers, lambda c, h: _timed(drive, spent, seen, c.name, h)):
         drive.round(steps)
-    return {k: v / steps * 1e6 for k, v in spent.items()}
+    timed = len(next(r for r in drive.rigs if r.engine is engine).times)
+    judged = {c.name: len(seen[c.name]) for c in checkers if judges_steps(c)}
+    return {k: v / steps * 1e6 for k, v in spent.items()}, {**judged, "timed": timed}
 
 
 def _ignore(*_args: object) -> None:
@@ -125,7 +143,7 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
                 paired[kind].append(statistics.median(t / b for t, b in zip(rigs[kind].times, bare, strict=True)))
         violations = {k: sum(len(c.violations) for c in rigs[k].checkers) for k in (CHECKED, KV)}
         checked = {k: padding_of(rigs[k]).tables_checked for k in (CHECKED, FLOOR)}  # the floor's must stay 0
-        parts = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
+        parts, judged = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
         with counting_steps({k: r.engine for k, r in rigs.items()}) as counters:
             drive.round(TRACED_STEPS)
     python = {k: c.per_run() for k, c in counters.items()}
@@ -159,6 +177,7 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
             baseline=f"bare engine: median step {base_med:.3f} ms; extra {statistics.median(extra_us):.0f} us",
             notes=[
                 *notes,
+                f"timed steps of the breakdown round each checker was handed: {judged}",
                 f"extra us per step by part (handlers timed in place for one more round; {EVENTS} is the {FLOOR} "
                 f"engine's, always-on with every handler doing nothing, in the same rounds: the floor no "
                 f"checker can go below): {breakdown}",
@@ -171,9 +190,13 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
                 "extra_us_by_part": {k: round(v, 1) for k, v in parts.items()},
                 "paired_step_ratio": paired[CHECKED],
                 "steps_checked": checked,
+                "steps_judged": judged,
                 "python_per_step": python,
             },
             remedy=remedy(parts, base_med * 1e3, TARGET),
+            # Low overhead from checkers that were handed no step is no figure: each one that judges
+            # steps must have been handed every timed step of the breakdown round.
+            conditions={"every checker judged every timed step": all_judged(judged)},
             **common,
         ),
         ratio_figure(
@@ -185,12 +208,27 @@ def overhead_figures(plan: Plan, config: RuntimeConfig, rigs: dict[str, Rig], pr
             baseline=f"bare engine: median step {base_med:.3f} ms",
             notes=[*notes[:2], integrity_note(rigs[KV])],
             details={"bare_step_ms": base_ms, "paired_step_ratio": paired[KV], **integrity_reads(rigs[KV])},
+            # As for figure 1: the KV engine's checks must have run, on every step's block table.
+            conditions={"every step's block table checked, and KV integrity checked": kv_judged(rigs[KV])},
             remedy="each check gathers the blocks written or freed since the last one and the null block through "
             "`kv_blocks`, then digests them slot by slot: a few dozen tensor ops a step; `--integrity-every` "
             "(soak) spaces the checks out",
             **common,
         ),
     ]
+
+
+def all_judged(judged: dict[str, int]) -> bool:
+    """Whether every step-judging checker saw every timed step (and there was a step to see)."""
+    timed = judged["timed"]
+    return timed > 0 and all(n == timed for name, n in judged.items() if name != "timed")
+
+
+def kv_judged(rig: Rig) -> bool:
+    """Whether the KV-integrity engine's padding checker saw a table every step it took (idle steps
+    are not counted as steps) and its integrity checks ran at all."""
+    padding = padding_of(rig)
+    return rig.engine.steps > 0 and padding.tables_checked == rig.engine.steps and bool(integrity_reads(rig))
 
 
 def remedy(parts: dict[str, float], base_us: float, target: float) -> str:

@@ -20,6 +20,7 @@ from runtime.metadata import PrefillMetadata
 from runtime.scheduler import StepPlan
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure, spread
 from spyre_verify.messages import Progress
+from spyre_verify.oracle.derive import ladders
 from spyre_verify.serve_loop import ignore, serve
 from spyre_verify.sim import Sim
 from spyre_verify.workload import Arrival, seeded_workload
@@ -48,7 +49,7 @@ class Waste:
 
 def prefill_waste(config: RuntimeConfig, workload: list[Arrival]) -> Waste:
     sim = Sim(config)
-    top = sim.builder.bucketer.prefill_tokens[-1]
+    top = ladders(config).prefill_tokens[-1]  # DESIGN's top prefill rung, not the bucketer's word for it
     prefills = [p.metadata for p in plans(sim, workload) if isinstance(p.metadata, PrefillMetadata)]
     return Waste(
         useful=sum(md.prompt_len for md in prefills),

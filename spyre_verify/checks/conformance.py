@@ -13,6 +13,10 @@ with none before it, "length" has exactly max_tokens tokens and no stop token, "
 only follows an abort. Every request a step or abort ended gets exactly one finish
 event (`missing-finish`).
 
+At start-up (`config-mismatch`), the runtime's `total_blocks`, `usable_blocks` and
+`batch_tkv_limit`, the pool it built (`num_blocks`) and its null block must be DESIGN's,
+derived from the raw config fields by `oracle.derive`.
+
 Also liveness (a request DESIGN admits is eventually served) and the request gate: a
 request DESIGN accepts must be accepted (`wrongly-rejected`, reported by the serve loop
 through `on_rejected`), and one it refuses must be refused (`wrongly-accepted`). The same
@@ -33,6 +37,7 @@ from typing import Any
 
 from runtime.events import FinishEvent, RequestEvent, RowState, StateEvent
 from spyre_verify.checks.violations import Checker
+from spyre_verify.oracle import derive
 from spyre_verify.oracle.model import ContractModel
 
 
@@ -64,6 +69,27 @@ class ContractConformance(Checker):
         self.max_tokens: dict[str, int] = {}
         self.next_step = engine.steps  # the number the next step's state event must carry
         super().attach(engine)
+        self.check_config(engine)  # last: a strict checker raises out of flag(), with its state set up
+
+    def check_config(self, engine: Any) -> None:
+        """At start-up: the pool and limit the runtime says it runs with, the pool it built and its null
+        block, each held to DESIGN's arithmetic on the raw config fields (`derive`). The model judges
+        with the derived values, so a runtime off by one here would otherwise be judged against a pool
+        it does not have, or, worse, a model that read the same wrong number would agree with it."""
+        c, want = engine.config, derive.config_values(engine.config)
+        said = {name: getattr(c, name) for name in want}
+        # What it built, not only what its config says: the paging capability's pool size and null block.
+        if "paging" in getattr(engine, "capabilities", ()):
+            said["pool size (num_blocks)"], want["pool size (num_blocks)"] = engine.num_blocks, want["total_blocks"]
+            said["null_block"], want["null_block"] = engine.null_block, derive.NULL_BLOCK
+        for name, value in said.items():
+            if value != want[name]:
+                self.flag(
+                    "config-mismatch",
+                    f"{name}: the runtime has {value!r}, DESIGN derives {want[name]!r} from block_size="
+                    f"{c.block_size}, max_model_len={c.max_model_len}, max_num_seqs={c.max_num_seqs}, "
+                    f"num_blocks={c.num_blocks}, max_batch_tkv_limit={c.max_batch_tkv_limit}",
+                )
 
     # -- the request gate --------------------------------------------------------------------
     def refusal(self, prompt: tuple[int, ...], max_tokens: object) -> str | None:

@@ -130,7 +130,9 @@ def render(p: dict[str, Any]) -> str:
     for f in p["figures"]:
         target = "-" if f["target"] is None else f"{f['direction']} {_num(f['target'], f['unit'])}"
         met = {True: "yes", False: "NO", None: "-"}[f["met"]]
-        if f["target"] is not None and not f["judged"]:
+        if f.get("failed"):  # a broken run misses under any backend: say what broke
+            met = f"NO: not {'; not '.join(f['failed'])}"
+        elif f["target"] is not None and not f["judged"]:
             met = f"not judged (target is for {f['judged_under']})"
         rows.append(
             [

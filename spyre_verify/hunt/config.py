@@ -18,7 +18,7 @@ from runtime.errors import ConfigError
 from spyre_verify.hunt.findings import Finding, from_runtime
 from spyre_verify.hunt.strategies import BLOCK_SIZES, draw_kv_override
 from spyre_verify.hunt.tape import Choices, Draw, Tape, choices, tape_cases
-from spyre_verify.oracle import accept
+from spyre_verify.oracle import accept, derive
 
 # -- raw config input ---------------------------------------------------------------------------
 # A valid config with at most one field pushed to (or past) the edge of its rule: a bug in
@@ -171,7 +171,22 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"
         return [Finding("config", "config-acceptance", msg, None, c, details=where)]
-    return env_round_trip(c, where)
+    return derived_values(c, where) or env_round_trip(c, where)
+
+
+def derived_values(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:
+    """The pool and the volume limit the runtime computes from an accepted config, held to DESIGN's
+    arithmetic on the raw fields (`derive.config_values`): the walk and the model use the derived
+    ones, so a runtime that is off here would otherwise serve a pool the oracle never judged."""
+    wrong = [
+        f"{name}={getattr(c, name)!r}, DESIGN {want}"
+        for name, want in derive.config_values(c).items()
+        if getattr(c, name) != want
+    ]
+    if not wrong:
+        return []
+    msg = f"the runtime derives {', '.join(wrong)} from an accepted config"
+    return [Finding("config", "config-values", msg, None, c, details=where)]
 
 
 def env_round_trip(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:

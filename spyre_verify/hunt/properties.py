@@ -40,7 +40,7 @@ from spyre_verify.hunt.findings import Finding, crash, from_runtime, kv_of, ops_
 from spyre_verify.hunt.lockstep import Lockstep
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
-from spyre_verify.oracle.derive import decode_key, ladders, prefill_key
+from spyre_verify.oracle.derive import decode_key, ladders, pool_blocks, prefill_key
 from spyre_verify.oracle.walk import Reachable, reachable, space, to_bucket, walk
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
@@ -88,7 +88,7 @@ def trace_findings(w: World, state: BatchState) -> list[Finding]:
     off: list[tuple[StepPoint, Bucket, Bucket | None]] = []
     cold: list[tuple[StepPoint, Bucket]] = []
     padding: Finding | None = None
-    bs, n = w.config.block_size, w.config.total_blocks
+    bs, n = w.config.block_size, pool_blocks(w.config)
     for point in state.points:
         bucket, table, ids, pads = _build(w.builder, point)
         want = prefill_key(w.lad, point.tkv) if point.kind == PREFILL else decode_key(w.lad, len(ids), point.tkv)

@@ -57,6 +57,7 @@ from spyre_verify.hunt.replay import step_once as step_once
 from spyre_verify.hunt.tape import BOOLS as BOOLS
 from spyre_verify.hunt.tape import Choices, Draw, choices
 from spyre_verify.hunt.tape import ints as ints
+from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.workload import Arrival
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -193,7 +194,7 @@ def draw_request(draw: Draw, config: RuntimeConfig, short: bool | None = None) -
     p = ch.between(1, min(top, bs) if short else top)
     padded = math.ceil(p / bs) * bs
     # DESIGN Volume.: alone, its decodes reach padded + max_tokens - 1 positions (none at max_tokens 1).
-    room = max(1, min(config.max_model_len - padded, config.batch_tkv_limit - padded + 1))
+    room = max(1, min(config.max_model_len - padded, batch_tkv_limit(config) - padded + 1))
     return p, ch.between(1, min(room, 2 * bs) if short else room)
 
 
@@ -283,7 +284,7 @@ def draw_refused(draw: Draw, config: RuntimeConfig) -> tuple[int, int]:
     all, one token too long once the prompt is padded to a block, or one decode step past the
     volumetric limit when alone (DESIGN Volume.; with a limit that never binds, too long too)."""
     ch = choices(draw)
-    bs, L, V = config.block_size, config.max_model_len, config.batch_tkv_limit
+    bs, L, V = config.block_size, config.max_model_len, batch_tkv_limit(config)
     p = ch.between(1, max(1, L))
     padded = math.ceil(p / bs) * bs
     how = ch.between(0, 3)

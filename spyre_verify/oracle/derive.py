@@ -58,6 +58,29 @@ def batch_tkv_limit(c: RuntimeConfig) -> int:
     return c.max_model_len * c.max_num_seqs if c.max_batch_tkv_limit is None else c.max_batch_tkv_limit
 
 
+# DESIGN glossary: "null block: block id 0, reserved at start-up for padding".
+NULL_BLOCK = 0
+
+
+def pool_blocks(c: RuntimeConfig) -> int:
+    """DESIGN "Default pool": `num_blocks` when set, else max_num_seqs * ceil(max_model_len / block_size) + 1,
+    the null block included. Read from the raw fields, never from the runtime's `total_blocks`, so that an
+    off-by-one there shows as a difference instead of moving the oracle with it."""
+    if c.num_blocks is not None:
+        return c.num_blocks
+    return c.max_num_seqs * ceil_div(c.max_model_len, c.block_size) + 1
+
+
+def usable_blocks(c: RuntimeConfig) -> int:
+    """DESIGN glossary: usable blocks = the pool less the null block."""
+    return pool_blocks(c) - 1
+
+
+def config_values(c: RuntimeConfig) -> dict[str, int]:
+    """Every derived pool and limit value, named as the runtime's config names them."""
+    return {"total_blocks": pool_blocks(c), "usable_blocks": usable_blocks(c), "batch_tkv_limit": batch_tkv_limit(c)}
+
+
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
     """The smallest rung >= size; None above the top rung (`ladder` in increasing order)."""
     i = bisect.bisect_left(ladder, size)

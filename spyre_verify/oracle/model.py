@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from runtime.config import RuntimeConfig
 from runtime.events import RowState
 from spyre_verify.oracle.compare import StateJudge
-from spyre_verify.oracle.derive import ceil_div
+from spyre_verify.oracle.derive import batch_tkv_limit, ceil_div, usable_blocks
 
 
 @dataclass(slots=True)
@@ -82,10 +82,12 @@ DECODED = ("decode",)  # the rules of a decode step that ends and strips nothing
 class ContractModel(StateJudge):
     def __init__(self, config: RuntimeConfig) -> None:
         self.bs, self.L, self.S = config.block_size, config.max_model_len, config.max_num_seqs
-        self.U = config.usable_blocks
-        limit = getattr(config, "max_batch_tkv_limit", None)
+        # Derived from the raw fields (DESIGN), not the runtime's `usable_blocks`: an off-by-one in the
+        # runtime's pool arithmetic must show as a divergence, not move the model along with it.
+        self.U = usable_blocks(config)
+        limit = batch_tkv_limit(config)
         # DESIGN: the default, L * S, never binds (a decode attends at most L positions a row).
-        self.V: int | None = limit if limit is not None and limit < self.L * self.S else None
+        self.V: int | None = limit if limit < self.L * self.S else None
         self.tkv = 0
         self.rows: list[ModelRow] = []
         self.waiting: deque[Pending] = deque()

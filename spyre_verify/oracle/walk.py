@@ -30,7 +30,15 @@ from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle.derive import Ladders, batch_tkv_limit, ceil_div, decode_key, ladders, prefill_key
+from spyre_verify.oracle.derive import (
+    Ladders,
+    batch_tkv_limit,
+    ceil_div,
+    decode_key,
+    ladders,
+    prefill_key,
+    usable_blocks,
+)
 
 STATE_BUDGET = 400_000
 
@@ -106,7 +114,7 @@ def space(c: RuntimeConfig) -> Space:
     memoised walk serves every such limit)."""
     limit = batch_tkv_limit(c)
     binding = limit < c.max_num_seqs * c.max_model_len
-    return Space(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks, limit if binding else None)
+    return Space(c.block_size, c.max_model_len, c.max_num_seqs, usable_blocks(c), limit if binding else None)
 
 
 def _reservation(bs: int, tkv: int, lp: int, rem: int) -> int:

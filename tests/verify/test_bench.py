@@ -12,17 +12,21 @@ import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from runtime import attention
 from runtime.config import RuntimeConfig
 from spyre_verify.bench.bytecodes import counting_steps
-from spyre_verify.bench.engine import Lockstep, Rig
-from spyre_verify.bench.figures import Figure, closing
-from spyre_verify.bench.overhead import swapped
+from spyre_verify.bench.engine import BARE, CHECKED, FLOOR, KV, Lockstep, Rig, build_rigs, warmup_figure
+from spyre_verify.bench.figures import TINY, Figure, Plan, closing
+from spyre_verify.bench.kernels import batched_figure, roofline_figure
+from spyre_verify.bench.overhead import overhead_figures, swapped
 from spyre_verify.bench.sched import plans, prefill_waste
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
+from spyre_verify.checks.graph_reuse import counting_wrapper
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
@@ -32,7 +36,21 @@ from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
 
 IDS = ["1", "1b", "2", "3", "4", "5", "6"]
-FIELDS = {"id", "name", "value", "min", "max", "target", "direction", "unit", "met", "notes", "settings", "details"}
+FIELDS = {
+    "id",
+    "name",
+    "value",
+    "min",
+    "max",
+    "target",
+    "direction",
+    "unit",
+    "met",
+    "failed",
+    "notes",
+    "settings",
+    "details",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -189,3 +207,95 @@ def test_padding_to_a_block_wastes_less_than_padding_to_the_top_rung() -> None:
     assert w.prefills > 0
     assert w.useful <= w.ours <= w.top_rung == w.prefills * 128
     assert w.ours < w.top_rung
+
+
+# -- targets a broken run cannot meet ---------------------------------------------------------------
+def _quiet(_: str) -> None:
+    return None
+
+
+def test_figure_3_is_missed_by_a_warmup_that_compiles_nothing() -> None:
+    config = RuntimeConfig(backend="eager")
+    good = warmup_figure(config, _quiet)
+    assert good.met is True and good.failed == [] and good.details["missing"] == []
+    with mock.patch.object(Engine, "warmup", lambda self, progress=None: None):
+        broken = warmup_figure(config, _quiet)
+    # 0 compiles of 16 reachable: a ratio far under 1, and still a miss.
+    assert broken.value == 0 and broken.details["missing"]
+    assert broken.met is False and broken.failed == ["every reachable bucket compiled"]
+    assert "does not count" in broken.gap() and closing([broken])[0].startswith("figure 3")
+
+
+def _wrong_batched(real: Any) -> Any:
+    """A batched kernel whose rows are off: fast or not, its figure must not count."""
+
+    def make(mask_padding: bool = True) -> Any:
+        kernel = real(mask_padding)
+
+        def batched_decode_attention(*args: Any) -> Any:
+            return kernel(*args) + 1.0
+
+        return batched_decode_attention
+
+    return make
+
+
+@pytest.mark.parametrize("figure", [batched_figure, roofline_figure], ids=["4", "5"])
+def test_kernel_figures_are_missed_by_a_kernel_with_wrong_outputs(figure: Any) -> None:
+    plan = Plan(TINY, "eager", 1)
+    good = figure(plan, _quiet)
+    assert good.failed == [] and good.details["outputs_match"] is True
+    assert good.met is None  # eager: shown, not judged (the target is for inductor)
+    with mock.patch.object(attention, "make_batched", _wrong_batched(attention.make_batched)):
+        broken = figure(plan, _quiet)
+    assert broken.details["outputs_match"] is False and len(broken.failed) == 1
+    assert broken.met is False, "a wrong kernel misses under any backend"
+
+
+def _rigs(config: RuntimeConfig, unheard: type | None = None) -> dict[str, Rig]:
+    """The bench's four engines; with `unheard`, the always-on engine's checker of that type is in
+    its list but never subscribed: it is handed no step, as if the runtime never sent its events."""
+    rigs = build_rigs(config, [BARE, KV, FLOOR], _quiet)
+    checkers = always_on()
+    engine = Engine(config, wrap_backend=counting_wrapper(checkers))
+    for c in checkers:
+        if not isinstance(c, unheard or ()):
+            c.attach(engine)
+    engine.warmup()
+    return {BARE: rigs[BARE], CHECKED: Rig(engine, checkers), KV: rigs[KV], FLOOR: rigs[FLOOR]}
+
+
+@pytest.mark.parametrize("unheard", [None, ContractConformance])
+def test_figure_1_is_missed_when_a_checker_judged_no_step(unheard: type | None) -> None:
+    config = TINY.engine_config("eager")
+    rigs = _rigs(config, unheard)
+    try:
+        figures = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)
+        one = figures[0]
+    finally:
+        for rig in reversed(rigs.values()):
+            rig.engine.close()
+    assert figures[1].failed == []  # 1b: the KV engine checked every step either way
+    judged = one.details["steps_judged"]
+    assert judged["timed"] == TINY.steps_per_round
+    if unheard is None:
+        assert set(judged.values()) == {TINY.steps_per_round} and one.failed == []
+        assert "ladder-agreement" not in judged  # it judges the builder at attach and compiles, no step
+    else:
+        assert judged["contract-conformance"] == 0
+        assert one.failed == ["every checker judged every timed step"] and one.met is False
+
+
+def test_figure_1b_is_missed_when_the_kv_engine_checked_no_table() -> None:
+    config = TINY.engine_config("eager")
+    rigs = _rigs(config)
+    padding = next(c for c in rigs[KV].checkers if isinstance(c, PaddingValidity))
+    try:
+        # Its tables never reach it: the figure would time an engine that checks nothing.
+        with mock.patch.object(padding, "on_block_table", lambda ev: None):
+            rigs[KV].engine.subscribe(object())()  # the bus looks its handlers up again
+            kv = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)[1]
+    finally:
+        for rig in reversed(rigs.values()):
+            rig.engine.close()
+    assert kv.met is False and kv.failed == ["every step's block table checked, and KV integrity checked"]
