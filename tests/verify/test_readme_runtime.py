@@ -68,3 +68,13 @@ def test_every_capability_of_the_protocol_is_in_the_readme_table() -> None:
     text = (ROOT / "README.md").read_text()
     missing = [cap for cap in CAPABILITIES if f"\n| `{cap}` |" not in text]
     assert missing == []
+
+
+def test_the_readme_ordering_example_trips_the_ordering_rule(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (ROOT / "README.md").read_text()
+    bad, good = re.search(r"`(\d+,\d+)` is refused on the default config \(write `(\d+,\d+)`\)", text).groups()  # type: ignore[union-attr]
+    monkeypatch.setenv("SPYRE_ATTN_KV_BUCKETS", bad)
+    assert main(["ladders"]) == 2
+    assert f"must be increasing: write '{good}'" in capsys.readouterr().err
