@@ -87,13 +87,26 @@ class Figure:
     def failed(self) -> list[str]:
         return [name for name, held in self.conditions.items() if not held]
 
+    def _meets(self, value: float) -> bool:
+        assert self.target is not None
+        return value <= self.target if self.direction == "<=" else value >= self.target
+
+    @property
+    def noisy(self) -> bool:
+        """Too noisy to judge: the repeats' spread is wider than the median's distance from the
+        target and they fall on both sides of it, so the verdict would be the machine's noise."""
+        if not self.judged or self.target is None or self.failed:
+            return False
+        wide = self.max - self.min > abs(self.value - self.target)
+        return wide and self._meets(self.min) != self._meets(self.max)
+
     @property
     def met(self) -> bool | None:
         if self.target is not None and self.failed:
             return False
-        if not self.judged or self.target is None:
+        if not self.judged or self.target is None or self.noisy:
             return None
-        return self.value <= self.target if self.direction == "<=" else self.value >= self.target
+        return self._meets(self.value)
 
     def gap(self) -> str:
         """By how much the target is missed, in words ("" when met or informational)."""
@@ -111,6 +124,7 @@ class Figure:
         d = asdict(self)
         d["judged"] = self.judged
         d["met"] = self.met
+        d["noisy"] = self.noisy
         d["failed"] = self.failed
         d["gap"] = self.gap()
         return d
@@ -145,6 +159,12 @@ def closing(figures: list[Figure]) -> list[str]:
             lines.append(f"figure {f.id} ({f.name}) misses its target: {f.gap()}. To close it: {f.remedy}")
     if not lines:
         lines.append("every judged target is met")
+    for f in figures:
+        if f.noisy:
+            lines.append(
+                f"figure {f.id} ({f.name}) is too noisy to judge: its repeats span {f.min:.3g}..{f.max:.3g}{f.unit}, "
+                f"on both sides of its target {f.target:g}{f.unit}; rerun it on a quiet machine"
+            )
     unjudged = [f for f in figures if f.target is not None and not f.judged and f.met is None]
     if unjudged:
         ids = ", ".join(f"{f.id} (for {f.judged_under})" for f in unjudged)

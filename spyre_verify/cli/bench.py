@@ -132,6 +132,8 @@ def render(p: dict[str, Any]) -> str:
         met = {True: "yes", False: "NO", None: "-"}[f["met"]]
         if f.get("failed"):  # a broken run misses under any backend: say what broke
             met = f"NO: not {'; not '.join(f['failed'])}"
+        elif f["noisy"]:
+            met = "too noisy to judge"
         elif f["target"] is not None and not f["judged"]:
             met = f"not judged (target is for {f['judged_under']})"
         rows.append(

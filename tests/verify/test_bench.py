@@ -299,3 +299,17 @@ def test_figure_1b_is_missed_when_the_kv_engine_checked_no_table() -> None:
         for rig in reversed(rigs.values()):
             rig.engine.close()
     assert kv.met is False and kv.failed == ["every step's block table checked, and KV integrity checked"]
+
+
+def test_a_figure_whose_repeats_straddle_its_target_is_too_noisy_to_judge() -> None:
+    from spyre_verify.bench.figures import Figure, closing
+
+    def fig(lo: float, med: float, hi: float) -> Figure:
+        return Figure("1", "overhead", med, lo, hi, "x", 1.03, "<=", "bare")
+
+    noisy, steady_miss, steady_met = fig(0.98, 1.05, 1.30), fig(1.04, 1.05, 1.30), fig(1.00, 1.01, 1.02)
+    assert noisy.noisy and noisy.met is None and noisy.to_dict()["noisy"] is True
+    assert "too noisy to judge" in " ".join(closing([noisy]))
+    # Every repeat misses: a miss however wide the spread. Every repeat meets: met.
+    assert not steady_miss.noisy and steady_miss.met is False
+    assert not steady_met.noisy and steady_met.met is True
