@@ -36,6 +36,7 @@ from runtime.config import RuntimeConfig
 from runtime.warmup import Seams
 from spyre_verify.audit.accounts import CONTROLS, PREFLIGHT, REPLAY, TRAFFIC, WARMUP, AuditLog, BucketStats, counters
 from spyre_verify.bundled import BundledRuntime
+from spyre_verify.checks.crash import traceback_text
 from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
 from spyre_verify.hunt.protocol_trace import Group, Refusals, items_of, shape_of, sweep
@@ -62,6 +63,7 @@ class Traffic:
     seconds: float = 0.0
     misses: list[str] = field(default_factory=list)  # witnesses the engine did not follow; groups left busy
     crash: str | None = None  # the scenario that raised; the engine is not trusted after it
+    tracebacks: list[str] = field(default_factory=list)  # the runtime's, whole, for the crash file
     not_run: int = 0
     planned: int = 0  # scenarios (or sweep groups) planned
 
@@ -122,6 +124,7 @@ def _traffic(engine: Any, scenarios: tuple[Scenario, ...], progress: Progress) -
             miss = run_scenario(engine, sc, limit)
         except Exception as e:  # mid-step: the engine's state is no longer trusted
             out.crash = f"the scenario for {sc.target} ({sc.witness}): {_first_line(e)}"
+            out.tracebacks.append(traceback_text(f"the scenario for {sc.target}", e))
             out.not_run = len(scenarios) - i - 1
             progress(f"traffic: scenario for {sc.target} crashed; {out.not_run} scenarios not run")
             break
@@ -142,6 +145,7 @@ def _sweep(engine: Any, plan: list[Group], progress: Progress) -> Traffic:
             stats = serve(guard, items, on_rejected=lambda a, e: None, max_steps=g.crowd * (g.max_tokens + 1) + 4)
         except Exception as e:  # mid-step: the engine's state is no longer trusted
             out.crash = f"the sweep group {g}: {_first_line(e)}"
+            out.tracebacks.append(traceback_text(f"the sweep group {g}", e))
             out.not_run = len(plan) - i - 1
             progress(f"traffic: sweep group {g} crashed; {out.not_run} groups not run")
             break
@@ -247,6 +251,7 @@ def _run(
         seconds[WARMUP] = time.perf_counter() - t0
         say(f"warmup crashed: {_first_line(e)}")
         traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios) or len(sweep_plan))
+        traffic.tracebacks.append(traceback_text("warmup", e))
         controls: list[ControlResult] = []
         controls_error: str | None = "not run: warmup crashed"
     else:

@@ -20,6 +20,7 @@ from spyre_verify import faults
 from spyre_verify.audit.heatmap import write_heatmaps
 from spyre_verify.audit.report import markdown, payload
 from spyre_verify.audit.run import run_audit
+from spyre_verify.checks.crash import crash_report
 from spyre_verify.cli.args import Count
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import single_thread
@@ -110,8 +111,11 @@ def run(args: argparse.Namespace) -> int:
         say("heatmap skipped: matplotlib is not installed (pip install 'spyre-verify[plot]')")
     else:
         p["heatmaps"] = [x.name for x in pngs]  # relative to the report directory
+    p["runtime_crash"] = crashed = crash_report(args.out, name, result.traffic.tracebacks)
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
     print(json.dumps(p, indent=2) if args.json else markdown(p))
+    if crashed:
+        say(f"the runtime crashed: {result.traffic.crash}; traceback in {crashed['file']}")
     say(f"audit {p['verdict']}: reports in {args.out}/{name}.json, {name}.md")
     return 0 if p["verdict"] == "pass" else 1

@@ -105,11 +105,19 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def crash_path(args: argparse.Namespace | None) -> Path:
-    """`crash-<command>.txt` in the command's `--out` directory, else in reports/."""
+def crash_path(args: argparse.Namespace | None, kind: str = "crash") -> Path:
+    """`<kind>-<command>.txt` in the command's `--out` directory, else in reports/."""
     command = getattr(args, "command", None) or PROG
     out = getattr(args, "out", None)
-    return (Path(out) if isinstance(out, (str, Path)) else CRASH_DIR) / f"crash-{command}.txt"
+    return (Path(out) if isinstance(out, (str, Path)) else CRASH_DIR) / f"{kind}-{command}.txt"
+
+
+def user_code_raised(e: BaseException) -> BaseException | None:
+    """The exception the user's own runtime code raised behind a refused `--runtime` (its factory,
+    or its module on import), whose traceback is what they need to debug it; else None."""
+    from spyre_verify.runtimes import RuntimeSpecError
+
+    return e.__cause__ if isinstance(e, RuntimeSpecError) and e.__cause__ is not None else None
 
 
 def write_crash(path: Path, argv: Sequence[str] | None, e: BaseException) -> str:
@@ -148,7 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{e.prog}: error: {first_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except INPUT_ERRORS as e:
-        print(f"{prog}: error: {first_line(e)}", file=sys.stderr)
+        cause = user_code_raised(e)
+        where = f" ({write_crash(crash_path(args, 'runtime-crash'), argv, cause)})" if cause else ""
+        print(f"{prog}: error: {first_line(e)}{where}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `spyre-verify ladders --json | head` is not an error
         sys.stderr.close()

@@ -20,6 +20,7 @@ from runtime.config import RuntimeConfig
 from runtime.scheduler import FINISH_REASONS
 from runtime.warmup import Seams
 from spyre_verify import faults
+from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.checks.violations import Violation
 from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
@@ -97,11 +98,14 @@ def run(args: argparse.Namespace) -> int:
         path = write_partial(args.out / name, config, opts, partial)
         raise KeyboardInterrupt(f"partial report in {path}") from None
     p = payload(result)
+    p["runtime_crash"] = crashed = crash_report(args.out, name, tracebacks_of(result.checkers))
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
     print(json.dumps(p, indent=2) if args.json else markdown(p))
     for line in summary_lines(p):
         say(line)
+    if crashed:
+        say(f"the runtime crashed; traceback in {crashed['file']}")
     say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
     return 0 if p["verdict"] == "pass" else 1
 
