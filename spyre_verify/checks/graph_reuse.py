@@ -37,12 +37,11 @@ from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.control_calls import Control, control_scope, in_control
 from spyre_verify.checks.counting import CallLedger, CountingBackend, compare
 from spyre_verify.checks.describe import describe_batch, ordered
+from spyre_verify.checks.graph_truth import limit_findings, mislabel, shortfalls, wrong_graphs
 from spyre_verify.checks.violations import Checker, InvariantViolation
-from spyre_verify.oracle.graph_keys import graph_bucket, warm_graphs
 
 STANCE_MARK = "fail_on_recompile"
 CONTRACT = "design_contract"
-LIMITS = ("recompile_limit", "accumulated_recompile_limit")
 
 
 def is_stance_error(e: BaseException) -> bool:
@@ -115,24 +114,9 @@ class GraphReuse(Checker):
         return lambda ev: layers * ev.batch.num_seqs if ev.kernel == DECODE else layers
 
     def _judge_limits(self, config: Any) -> None:
-        """Dynamo's limits, as the engine set them, against the graphs each kernel must hold warm.
-
-        Both limits count per code object (each kernel has its own): past either one Dynamo
-        runs the kernel eagerly, or with fullgraph raises, on a bucket warmup should have compiled.
-        """
-        per_kernel, method = warm_graphs(config)
-        cfg = torch._dynamo.config
-        limits = {name: int(getattr(cfg, name)) for name in LIMITS}
-        self.limits = {**limits, "warm_graphs": {k: len(v) for k, v in per_kernel.items()}, "walk": method}
-        for kernel, buckets in sorted(per_kernel.items()):
-            for name, limit in limits.items():
-                if len(buckets) > limit:
-                    self.flag(
-                        "recompile-limit-too-low",
-                        f"{kernel}: {len(buckets)} warm graphs ({', '.join(map(str, buckets))}) but Dynamo's {name} "
-                        f"is {limit}: past it {len(buckets) - limit} of them would run eagerly or fail to compile",
-                        kernel=kernel,
-                    )
+        self.limits, found = limit_findings(config)
+        for kernel, message, _ in found:
+            self.flag("recompile-limit-too-low", message, kernel=kernel)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self._last_dispatch = ev
@@ -252,16 +236,8 @@ class GraphReuse(Checker):
     def _judge_preflight_graphs(self, bucket: Bucket, graphs: list[Any], hits_before: list[int]) -> None:
         if not self.contract:
             return
-        for i, g in enumerate(graphs):
-            key = graph_bucket(bucket.kernel, g.shapes)
-            if g.hits > (hits_before[i] if i < len(hits_before) else 0) and key is not None and key != bucket:
-                self.flag(
-                    "preflight-wrong-graph",
-                    f"{bucket}: the preflight call was served by {bucket.kernel} graph {i}, whose inputs "
-                    f"({_shapes(g.shapes)}) are those of {key}",
-                    kernel=bucket.kernel,
-                    bucket=str(bucket),
-                )
+        for message in wrong_graphs(bucket, graphs, hits_before):
+            self.flag("preflight-wrong-graph", message, kernel=bucket.kernel, bucket=str(bucket))
 
     def check_labels(self) -> None:
         """Each compile's label (the runner's i-th compile event of a kernel) against the bucket the
@@ -275,17 +251,15 @@ class GraphReuse(Checker):
                 if (kernel, i) in self._labelled:
                     continue
                 self._labelled.add((kernel, i))
-                key = graph_bucket(kernel, g.shapes) if self.contract else None
-                if key is None:
+                try:
+                    if not self.contract:
+                        raise LookupError(kernel)
+                    message = mislabel(kernel, i, ev, g)
+                except LookupError:  # no bucket to read off the graph: recorded, not judged
                     self.unmapped += 1
-                elif key != ev.bucket:
-                    self.flag(
-                        "mislabelled-compile",
-                        f"{kernel} graph {i}, compiled in {ev.phase}, is labelled {ev.bucket} but its inputs "
-                        f"({_shapes(g.shapes)}) are those of {key}",
-                        kernel=kernel,
-                        bucket=str(ev.bucket),
-                    )
+                    continue
+                if message is not None:
+                    self.flag("mislabelled-compile", message, kernel=kernel, bucket=str(ev.bucket))
 
     def run_controls(self) -> list[ControlResult]:
         """Issue the control calls through the serving entry point and guard.
@@ -371,22 +345,8 @@ class GraphReuse(Checker):
         """The calls the serving dispatches imply against the hits the counting backend saw, per kernel."""
         self.ledger.close()
         counted = self.serving_counted = self.ledger.counted()  # frozen: control calls come after
-        for kernel, expected in sorted(self.ledger.expected.items()):
-            if counted[kernel] >= expected:
-                continue
-            short = self.ledger.first_short.get(kernel)
-            first = (
-                f"; first short: {short.bucket} at step {short.step} ({short.counted} of {short.expected})"
-                if short
-                else ""
-            )
-            self.flag(
-                "uncounted-call",
-                f"{kernel}: serving dispatches imply {expected} calls but the harness's counting backend saw "
-                f"{counted[kernel]} compiled-graph hits{first}: calls ran without the compiled kernel",
-                kernel=kernel,
-                bucket=short.bucket if short else None,
-            )
+        for kernel, message, bucket in shortfalls(self.ledger, counted):
+            self.flag("uncounted-call", message, kernel=kernel, bucket=bucket)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
@@ -417,7 +377,3 @@ class GraphReuse(Checker):
                 for c in self.controls
             ],
         }
-
-
-def _shapes(shapes: dict[str, tuple[int, ...]]) -> str:
-    return ", ".join(f"{name} {list(shape)}" for name, shape in sorted(shapes.items()))
