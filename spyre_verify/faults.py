@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from unittest import mock
 
-from runtime import attention, scheduler
+from runtime import attention, compiler, scheduler
 from runtime.block_pool import BlockPool
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
@@ -189,6 +189,21 @@ def leaky_abort() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def limit_from_kv_ladder() -> Iterator[None]:
+    """`compile_limits` sizing the per-kernel recompile limit from the KV ladder's length,
+    ceil(log2(max_blocks_per_seq)) + 1, instead of from the bucket count: a kernel with
+    more warm graphs than KV rungs (prefill has one a block) outruns it. Patched where the
+    engine reads it."""
+    real = compiler.compile_limits
+
+    def compile_limits(config: RuntimeConfig, buckets: int) -> dict[str, int]:
+        return {**real(config, buckets), "recompile_limit": (config.max_blocks_per_seq - 1).bit_length() + 1}
+
+    with mock.patch("runtime.engine.compile_limits", compile_limits):
+        yield
+
+
 CATALOG: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -242,6 +257,13 @@ CATALOG: dict[str, Fault] = {
             "graph-reuse",
             "recompile_limit=2 is below the bucket count and fullgraph is off, so Dynamo silently runs eager",
             configure=lambda c: c.with_(recompile_limit=2, compile_fullgraph=False),
+        ),
+        Fault(
+            "recompile-limit-from-kv-ladder",
+            "graph-reuse",
+            "the recompile limit is sized from the KV ladder (ceil(log2(blocks per sequence)) + 1), "
+            "below the prefill kernel's warm graphs",
+            patch=limit_from_kv_ladder,
         ),
         Fault(
             "dynamic-shapes",

@@ -41,8 +41,9 @@ ADVICE = {
     "grows with the real blocks the rows hold: one owner lookup each, in the pool's map, which the kernels "
     "have evicted from cache by the time the check runs; checking only changed rows would need the pool to say "
     "which owners changed",
-    "graph-reuse": "GraphReuse reads the runners' counters at the start and the end; per step it only keeps "
-    "the last dispatch",
+    "graph-reuse": "GraphReuse reads the runners' counters at the start and the end; per step it keeps the "
+    "last dispatch and reads the counting backend's hits for one kernel, to hold the calls that dispatch "
+    "implies against them",
     "volume-limit": "VolumeLimit multiplies a decode's rows by its tkv + 1 and compares with the limit",
     "ladder-agreement": "LadderAgreement probes the builder once at attach and reads compile events; it costs no "
     "step time",

@@ -8,16 +8,44 @@ and each call of a compiled graph is a hit. `GraphReuse` compares the two per ke
 
 Dynamo's own `torch._dynamo.utils.counters` are process-wide and keyed by nothing we
 can tie to a kernel (every engine in the process adds to them), so they are not used.
+
+Each graph is kept with the shapes of the inputs it reads (`CountedGraph`), so that what
+it was compiled for is read off the graph, not off the runner's label, and with its own
+hits, so that the graph serving a given call is known. `CallLedger` holds the hits
+against the calls the serving dispatches imply: a call that skips the compiled kernel
+moves no counter at all, the runner's included.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+
+from runtime.events import DispatchEvent
+from spyre_verify.oracle.graph_keys import source_name
+
 Backend = Callable[..., Any]
+
+
+@dataclass
+class CountedGraph:
+    shapes: dict[str, tuple[int, ...]]  # source argument -> shape, for each tensor the graph reads
+    hits: int = 0
+
+
+def graph_shapes(gm: Any, example_inputs: Any) -> dict[str, tuple[int, ...]]:
+    """Dynamo hands the example inputs in placeholder order; a backend given no FX graph gives none."""
+    graph = getattr(gm, "graph", None)
+    nodes = [n for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
+    return {
+        source_name(str(n.target)): tuple(x.shape)
+        for n, x in zip(nodes, example_inputs, strict=False)
+        if isinstance(x, torch.Tensor)
+    }
 
 
 class CountingBackend:
@@ -27,17 +55,22 @@ class CountingBackend:
         self.compiles: Counter[str] = Counter()
         self.hits: Counter[str] = Counter()
         self.installed: set[str] = set()  # kernels whose backend this counter wraps
+        self.graphs: dict[str, list[CountedGraph]] = {}  # per kernel, in compile order
 
     def wrap(self, kernel: str, backend: Backend) -> Backend:
         self.installed.add(kernel)
+        graphs = self.graphs.setdefault(kernel, [])
 
         def counting_backend(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             # Counted before compiling, as the runner does: a backend that raises still compiled.
             self.compiles[kernel] += 1
+            graph = CountedGraph(graph_shapes(gm, example_inputs))
+            graphs.append(graph)
             compiled = backend(gm, example_inputs, *args, **kwargs)
 
             def counted(*call_args: Any) -> Any:
                 self.hits[kernel] += 1
+                graph.hits += 1
                 return compiled(*call_args)
 
             return counted
@@ -106,3 +139,54 @@ def compare(runners: Mapping[str, Any], counter: CountingBackend) -> list[Kernel
         )
         for kernel, runner in sorted(runners.items())
     ]
+
+
+@dataclass(frozen=True)
+class Short:
+    """The first serving dispatch of a kernel whose calls the counting backend did not all see."""
+
+    step: int
+    bucket: str
+    expected: int
+    counted: int
+
+
+@dataclass
+class CallLedger:
+    """Calls each kernel's serving dispatches imply, beside the graph hits the counting backend saw.
+
+    `calls_per_dispatch(ev)` says how many kernel calls a dispatch makes. Only the kernel's own
+    calls run between one dispatch and the next, so each dispatch is judged on its own; one that
+    a raise cut short (`interrupted`) is not judged, and is announced again if its step is retried.
+    """
+
+    counter: CountingBackend
+    calls_per_dispatch: Callable[[DispatchEvent], int]
+    expected: Counter[str] = field(default_factory=Counter)
+    start: Counter[str] | None = None  # the counter's hits at the first serving dispatch
+    first_short: dict[str, Short] = field(default_factory=dict)
+    _open: tuple[DispatchEvent, int, int] | None = None  # (dispatch, its calls, its kernel's hits before it)
+
+    def dispatch(self, ev: DispatchEvent) -> None:
+        if self.start is None:
+            self.start = Counter(self.counter.hits)
+        self.close()
+        self._open = (ev, self.calls_per_dispatch(ev), self.counter.hits[ev.kernel])
+
+    def interrupted(self) -> None:
+        self._open = None
+
+    def close(self) -> None:
+        if self._open is None:
+            return
+        ev, n, before = self._open
+        self._open = None
+        self.expected[ev.kernel] += n
+        got = self.counter.hits[ev.kernel] - before
+        if got < n and ev.kernel not in self.first_short:
+            self.first_short[ev.kernel] = Short(ev.step, str(ev.bucket), n, got)
+
+    def counted(self) -> Counter[str]:
+        """Hits per kernel since the first serving dispatch."""
+        start = self.start or Counter()
+        return Counter({k: self.counter.hits[k] - start[k] for k in self.expected})

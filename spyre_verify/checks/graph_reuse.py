@@ -12,6 +12,13 @@ builds the engine (`Engine(..., wrap_backend=checker.counter.wrap)`), and any pe
 disagreement is a `count-mismatch`. The control calls go through the serving entry
 point under `guard()` (see `control_calls`); each must be refused by the guard and then
 seen compiling by the counter, or the checker reports itself broken.
+
+Nothing the runner reports is taken on its word: each compile's label is held to the
+bucket the graph's own inputs give (`mislabelled-compile`), as is the graph that serves
+each preflight call (`preflight-wrong-graph`); the calls the serving dispatches imply are
+held to the hits the counting backend saw (`uncounted-call`); and Dynamo's limits are
+held at attach to the number of graphs the oracle says each kernel must keep warm
+(`recompile-limit-too-low`), before anything compiles.
 """
 
 from __future__ import annotations
@@ -24,15 +31,17 @@ from typing import Any
 
 import torch
 
-from runtime.bucketer import Bucket
+from runtime.bucketer import DECODE, Bucket
 from runtime.compiler import BackendWrapper
 from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.control_calls import Control, control_scope, in_control
-from spyre_verify.checks.counting import CountingBackend, compare
+from spyre_verify.checks.counting import CallLedger, CountingBackend, compare
 from spyre_verify.checks.describe import describe_batch, ordered
+from spyre_verify.checks.graph_truth import limit_findings, mislabel, shortfalls, wrong_graphs
 from spyre_verify.checks.violations import Checker, InvariantViolation
 
 STANCE_MARK = "fail_on_recompile"
+CONTRACT = "design_contract"
 
 
 def is_stance_error(e: BaseException) -> bool:
@@ -85,14 +94,38 @@ class GraphReuse(Checker):
         self._mismatched: set[tuple[str, str]] = set()
         self._last_dispatch: DispatchEvent | None = None
         self._before: tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]] | None = None
+        # Only DESIGN's runtime has kernels whose graphs the oracle can read and count.
+        self.contract = CONTRACT in engine.capabilities
+        self.ledger = CallLedger(self.counter, self._calls_per_dispatch(engine))
+        self._labelled: set[tuple[str, int]] = set()  # (kernel, compile index) already held to its inputs
+        self.unmapped = 0  # compiles whose inputs give no bucket: not judged
+        self.limits: dict[str, Any] = {}
+        self.serving_counted: Counter[str] | None = None
+        if self.contract:
+            self._judge_limits(engine.config)
         super().attach(engine)
+
+    def _calls_per_dispatch(self, engine: Any) -> Any:
+        """DESIGN's runtime calls a kernel once per layer, the per-sequence one once per row too; of
+        another runtime only one call per dispatch can be asked."""
+        if not self.contract:
+            return lambda ev: 1
+        layers = engine.config.model.num_layers
+        return lambda ev: layers * ev.batch.num_seqs if ev.kernel == DECODE else layers
+
+    def _judge_limits(self, config: Any) -> None:
+        self.limits, found = limit_findings(config)
+        for kernel, message, _ in found:
+            self.flag("recompile-limit-too-low", message, kernel=kernel)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
         self._last_dispatch = ev
-        if ev.phase == SERVING and self._before is None:
-            # Calls and graph hits are read off the runners' own counters (an event per
-            # kernel call per layer cost more than the rest of this checker put together).
-            self._before = self._counters()
+        if ev.phase == SERVING:
+            if self._before is None:
+                # Calls and graph hits are read off the runners' own counters (an event per
+                # kernel call per layer cost more than the rest of this checker put together).
+                self._before = self._counters()
+            self.ledger.dispatch(ev)
 
     def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
         calls: Counter[Bucket] = Counter()
@@ -138,8 +171,10 @@ class GraphReuse(Checker):
         try:
             with serving_stance():
                 yield
-        except RuntimeError as e:
-            if not is_stance_error(e) or in_control():
+        except BaseException as e:
+            if not in_control():
+                self.ledger.interrupted()  # the step that raised made only some of its calls
+            if not isinstance(e, RuntimeError) or not is_stance_error(e) or in_control():
                 raise
             self.refused += 1
             last = self._last_dispatch
@@ -161,11 +196,15 @@ class GraphReuse(Checker):
     def preflight(self) -> None:
         """Call every bucket warmup planned once, on the staging buffers, under the stance.
 
-        The graph warmup compiled for the bucket must serve the call. This catches a
-        layout or a dynamic graph that the workload might never reach.
+        The graph warmup compiled for the bucket must serve the call, and the counting
+        backend must see a graph traced for that bucket serve it. This catches a layout, a
+        dynamic graph or a shape mislabelled in warmup that the workload might never reach.
         """
+        self.check_labels()
         for bucket in self.engine.warm_plan():
             _, before = self._counters()
+            graphs = self.counter.graphs.get(bucket.kernel, [])
+            hits_before = [g.hits for g in graphs]
             try:
                 with serving_stance():
                     self.engine.preflight_call(bucket)
@@ -184,6 +223,7 @@ class GraphReuse(Checker):
             served = after - before
             self.preflight_hits[bucket] += sum(served.values())
             self._flag_foreign(served)
+            self._judge_preflight_graphs(bucket, graphs, hits_before)
             if not served:
                 self.flag(
                     "preflight-eager",
@@ -192,6 +232,34 @@ class GraphReuse(Checker):
                     kernel=bucket.kernel,
                     bucket=str(bucket),
                 )
+
+    def _judge_preflight_graphs(self, bucket: Bucket, graphs: list[Any], hits_before: list[int]) -> None:
+        if not self.contract:
+            return
+        for message in wrong_graphs(bucket, graphs, hits_before):
+            self.flag("preflight-wrong-graph", message, kernel=bucket.kernel, bucket=str(bucket))
+
+    def check_labels(self) -> None:
+        """Each compile's label (the runner's i-th compile event of a kernel) against the bucket the
+        counting backend's i-th graph of that kernel was traced for. Only where both sides counted
+        the same compiles: where not, `count-mismatch` says so, and pairing would be guesswork."""
+        for kernel, runner in sorted(self.engine.kernel_accounts().items()):
+            events, graphs = runner.compiles, self.counter.graphs.get(kernel, [])
+            if len(events) != len(graphs):
+                continue
+            for i, (ev, g) in enumerate(zip(events, graphs, strict=True)):
+                if (kernel, i) in self._labelled:
+                    continue
+                self._labelled.add((kernel, i))
+                try:
+                    if not self.contract:
+                        raise LookupError(kernel)
+                    message = mislabel(kernel, i, ev, g)
+                except LookupError:  # no bucket to read off the graph: recorded, not judged
+                    self.unmapped += 1
+                    continue
+                if message is not None:
+                    self.flag("mislabelled-compile", message, kernel=kernel, bucket=str(ev.bucket))
 
     def run_controls(self) -> list[ControlResult]:
         """Issue the control calls through the serving entry point and guard.
@@ -237,6 +305,7 @@ class GraphReuse(Checker):
         for counts in compare(self.engine.kernel_accounts(), self.counter):
             for what, message in counts.disagreements():
                 self._mismatch(counts.kernel, what, message)
+        self.check_labels()
 
     def _mismatch(self, kernel: str, what: str, message: str) -> None:
         if (kernel, what) not in self._mismatched:  # once per kernel and count, however often it is checked
@@ -269,13 +338,22 @@ class GraphReuse(Checker):
                     kernel=bucket.kernel,
                     bucket=str(bucket),
                 )
+        self._judge_calls()
         self.cross_check()
+
+    def _judge_calls(self) -> None:
+        """The calls the serving dispatches imply against the hits the counting backend saw, per kernel."""
+        self.ledger.close()
+        counted = self.serving_counted = self.ledger.counted()  # frozen: control calls come after
+        for kernel, message, bucket in shortfalls(self.ledger, counted):
+            self.flag("uncounted-call", message, kernel=kernel, bucket=bucket)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
         return {c.kernel: c.as_dict() for c in compare(self.engine.kernel_accounts(), self.counter)}
 
     def summary(self) -> dict[str, Any]:
+        counted = self.serving_counted if self.serving_counted is not None else self.ledger.counted()
         return {
             **super().summary(),
             # Compiles the backend saw plus those the stance refused before they happened.
@@ -283,6 +361,11 @@ class GraphReuse(Checker):
             "hits": {str(b): n for b, n in ordered(self.hits.items())},
             "calls": {str(b): n for b, n in ordered(self.calls.items())},
             "counts": self.counts(),
+            "serving_calls": {
+                k: {"expected": n, "counted": counted[k]} for k, n in sorted(self.ledger.expected.items())
+            },
+            "labels_unmapped": self.unmapped,
+            "limits": self.limits,
             "controls": [
                 {
                     "name": c.name,

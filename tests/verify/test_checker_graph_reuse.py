@@ -265,6 +265,8 @@ def test_two_graphs_for_one_bucket_and_foreign_hits_are_flagged_once() -> None:
     assert [(v.kind, v.bucket) for v in checker.violations] == [
         ("foreign-graph", "decode(2,)"),
         ("graphs-per-bucket", "decode(1,)"),
+        # The dispatch implied a call per layer, and no compiled graph served any of them.
+        ("uncounted-call", "decode(2,)"),
         ("count-mismatch", None),  # hits no graph served: the counting backend saw none of them
     ]
     assert checker.violations[-1].message == "decode: the runner counted 2 graph hits, the harness's counting backend 0"

@@ -29,6 +29,7 @@ REQUIRED = {
     "unpruned-warmup": "warmup-exactness",
     "over-pruned-warmup": "warmup-exactness",
     "recompile-limit-fallback": "graph-reuse",
+    "recompile-limit-from-kv-ladder": "graph-reuse",
     "dynamic-shapes": "graph-reuse",
     "mask-leak": "output-equivalence",
     "volume-unchecked": "volume-limit",
