@@ -131,6 +131,8 @@ def verdict_line(p: dict[str, Any]) -> str:
         parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught")
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
+    if p.get("not_observed"):
+        parts.append(f"not observed: {', '.join(p['not_observed'])}")
     if p["error"]:
         parts.append(f"serving stopped early: {p['error']}")
     return f"check {p['verdict'].upper()}: {', '.join(parts)}"

@@ -20,8 +20,13 @@ def test_a_run_whose_every_request_is_refused_fails() -> None:
 
 
 def test_a_run_that_served_traffic_is_not_vacuous() -> None:
-    result = verify(SMALL, workload=[Arrival(0, (1, 2), 2)], controls=False, coverage=False)
+    # A limit below L * S = 16, so that the volume rule has something to judge (else not-observed).
+    binding = SMALL.with_(max_batch_tkv_limit=12)
+    result = verify(binding, workload=[Arrival(0, (1, 2), 2)], controls=False, coverage=False)
     assert result.requests == 1 and result.steps >= 2 and result.error is None and result.ok
+    # The same traffic under the never-binding default: served, quiet, and still not a pass.
+    loose = verify(SMALL, workload=[Arrival(0, (1, 2), 2)], controls=False, coverage=False)
+    assert loose.error is None and not loose.violations and loose.not_observed == ["volume-limit"] and not loose.ok
 
 
 def test_served_nothing_needs_both_requests_and_steps() -> None:
