@@ -132,10 +132,19 @@ def verdict_line(p: dict[str, Any]) -> str:
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
     if p.get("not_observed"):
-        parts.append(f"not observed: {', '.join(p['not_observed'])}")
+        parts.append(f"not observed: {', '.join(p['not_observed'])}{volume_hint(p)}")
     if p["error"]:
         parts.append(f"serving stopped early: {p['error']}")
     return f"check {p['verdict'].upper()}: {', '.join(parts)}"
+
+
+def volume_hint(p: dict[str, Any]) -> str:
+    """What to do when the volume rule could not bind: the one not-observed a config, not the
+    runtime, causes (a size flag drops the embedded binding limit)."""
+    seen: dict[str, Any] = next((c.get("observed", {}) for c in p["checks"] if c["name"] == "volume-limit"), {})
+    if "volume-limit" not in p["not_observed"] or seen.get("could_bind", True):
+        return ""
+    return f" (its limit {seen['limit']} cannot bind: give --max-batch-tkv-limit below {seen['largest_possible']})"
 
 
 def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Done) -> Path:

@@ -32,7 +32,11 @@ def test_check_passes_with_a_binding_limit(
     else:  # 4 rows * 16 positions = 64 is all this config allows: the default limit cannot bind
         assert code == 1 and report["verdict"] == "fail" and report["not_observed"] == ["volume-limit"]
         assert volume["status"] == "not-observed" and volume["observed"]["could_bind"] is False
-        assert "not observed: volume-limit" in err.strip().splitlines()[-1]
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .endswith("not observed: volume-limit (its limit 64 cannot bind: give --max-batch-tkv-limit below 64)")
+        )
         assert all(c["status"] == "pass" for c in report["checks"] if c["name"] != "volume-limit")
     cov = report["coverage"]
     assert cov["served"] == cov["reachable"] > 0 and not cov["uncovered"]
