@@ -7,6 +7,14 @@ import torch
 
 CHECK_DEFAULTS = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8, "backend": "aot_eager"}
 CHECK_REQUESTS = 40
+# The embedded sizes' volumetric limit (DESIGN "Volume."), chosen with the oracle's walk so that
+# the volume rule binds in every default run: L * S = 64 cannot bind, and on this pool no limit
+# at or above 40 delays anything (the walk's and the workload's peaks stay at or under it). At 28
+# the walk loses one bucket, batched(4, 4, False, True) (four rows past tkv 8 attend at least
+# 36), and the seeded workload's admissions are held back by the limit (two refused for volume
+# alone); 30 and above delay none of them, and below 28 more buckets go (24: batched(4, 4, True,
+# False) too). The volume-unchecked fault then goes over it (its workload peaks at 30).
+CHECK_TKV_LIMIT = 28
 
 
 def single_thread() -> None:

@@ -46,6 +46,12 @@ def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]
     ]
 
 
+# The names of `always_on()`'s checkers, which every `check` must exercise.
+ALWAYS_ON = tuple(
+    c.name for c in (DispatchCoverage, PaddingValidity, GraphReuse, LadderAgreement, ContractConformance, VolumeLimit)
+)
+
+
 def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample: int | None = None) -> list[Checker]:
     return [
         *always_on(strict, kv_integrity),
@@ -102,8 +108,18 @@ class RunResult:
         return [v for c in self.checkers for v in c.violations]
 
     @property
+    def not_observed(self) -> list[str]:
+        """The always-on checkers that ran but observed nothing they could judge (status
+        `not-observed`). On any runtime: a checker its capabilities let run must have had
+        something to judge; one it lacks a capability for is `not run` instead, and the
+        verdict treats that as before (graph-reuse's absence fails as "verified too little")."""
+        return [c.name for c in self.checkers if c.name in ALWAYS_ON and c.not_run is None and c.judged_nothing]
+
+    @property
     def ok(self) -> bool:
-        return not self.violations and self.error is None
+        """No violation, no error, and no always-on checker left with nothing to judge: a check
+        whose checkers could not have failed has not passed."""
+        return not self.violations and self.error is None and not self.not_observed
 
 
 def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:

@@ -44,6 +44,7 @@ from spyre_verify.oracle.model import ContractModel
 class ContractConformance(Checker):
     name = "contract-conformance"
     needs = frozenset({"design_contract"})
+    judged_by = ("steps",)
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -297,6 +298,9 @@ class ContractConformance(Checker):
             for rule in rules:
                 out[rule] += n
         return out
+
+    def observed(self) -> dict[str, Any]:
+        return {"steps": self.steps_checked, "requests": len(getattr(self, "max_tokens", ()))}
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -1,14 +1,21 @@
 """Dispatch coverage: every bucket served after warmup was compiled by warmup, and (when
-asked) every bucket the oracle's walk reaches was served at least once."""
+asked) every bucket the oracle's walk reaches was served at least once.
+
+For a `design_contract` runtime each served dispatch's bucket is also compared with the
+oracle's key for its batch (`wrong-key`): DESIGN "Decode step" and "Prefill (join)" give the
+key from the rows and tkv alone (`oracle.derive.decode_key` / `prefill_key`), so a builder
+that rounds wrongly on serving traffic is caught where it happens, not only by the start-up
+probe of ladder-agreement."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.bucketer import Bucket
+from runtime.bucketer import PREFILL, Bucket
 from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.describe import describe_batch, key_fields, ordered
 from spyre_verify.checks.violations import Checker
+from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.walk import reachable
 
 
@@ -40,16 +47,22 @@ def nearest_warm(bucket: Bucket, warm: frozenset[Bucket]) -> str:
 
 class DispatchCoverage(Checker):
     name = "dispatch-coverage"
+    judged_by = ("dispatches",)
 
     def __init__(self, strict: bool = False, require_coverage: bool = False) -> None:
         super().__init__(strict)
         self.require_coverage = require_coverage
         self.coverage: dict[str, Any] = {}
+        self.dispatches = 0  # served dispatches judged against warmup's set
+        self.keys_compared = 0  # served dispatches whose bucket was compared with the oracle's key
+        self.lad: Ladders | None = None
 
     def attach(self, engine: Any) -> None:
         # Warmup's set is what the backend saw compile before serving, not what the runtime planned.
         self.warm: set[Bucket] = set()
         self.served: set[Bucket] = set()
+        if "design_contract" in getattr(engine, "capabilities", ()):  # another runtime's keys are its own
+            self.lad = ladders(engine.config)
         super().attach(engine)
 
     def on_compile(self, ev: CompileEvent) -> None:
@@ -60,7 +73,10 @@ class DispatchCoverage(Checker):
         if ev.phase != SERVING:
             return
         bucket = ev.bucket
+        self.dispatches += 1
         self.served.add(bucket)
+        if self.lad is not None:
+            self._compare_key(ev)
         if bucket not in self.warm:
             batch = describe_batch(ev.batch)
             self.flag(
@@ -80,6 +96,25 @@ class DispatchCoverage(Checker):
             f"coverage traffic: {what}",
             kernel=bucket.kernel,
             bucket=str(bucket),
+        )
+
+    def _compare_key(self, ev: DispatchEvent) -> None:
+        """The dispatched bucket against DESIGN's key for the batch's rows and tkv."""
+        assert self.lad is not None
+        self.keys_compared += 1
+        b = ev.batch
+        rows = len(b.request_ids)
+        want = prefill_key(self.lad, b.tkv) if ev.kernel == PREFILL else decode_key(self.lad, rows, b.tkv)
+        if ev.bucket == want:
+            return
+        what = f"a prefill at tkv {b.tkv}" if ev.kernel == PREFILL else f"a decode of {rows} rows at tkv {b.tkv}"
+        batch = describe_batch(b)
+        self.flag(
+            "wrong-key",
+            f"step {ev.step} dispatched {ev.bucket} for {what}, where the oracle's key is {want}; batch: {batch}",
+            kernel=ev.kernel,
+            bucket=str(ev.bucket),
+            batch=batch,
         )
 
     def finish(self, engine: Any) -> None:
@@ -108,6 +143,15 @@ class DispatchCoverage(Checker):
                 kernel=b.kernel,
                 bucket=str(b),
             )
+
+    def observed(self) -> dict[str, Any]:
+        served, warm = getattr(self, "served", ()), getattr(self, "warm", ())  # set by attach
+        out = {"dispatches": self.dispatches, "buckets_served": len(served), "warm": len(warm)}
+        if self.lad is not None:
+            out["keys_compared"] = self.keys_compared
+        if "reachable" in self.coverage:
+            out["reachable"] = self.coverage["reachable"]
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "coverage": self.coverage}

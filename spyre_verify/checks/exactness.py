@@ -23,6 +23,7 @@ from spyre_verify.oracle.walk import STATE_BUDGET, reachable
 class WarmupExactness(Checker):
     name = "warmup-exactness"
     needs = frozenset({"design_contract"})
+    judged_by = ("reachable",)
 
     def __init__(self, strict: bool = False, budget: int = STATE_BUDGET) -> None:
         super().__init__(strict)
@@ -67,6 +68,10 @@ class WarmupExactness(Checker):
         for b in beyond:
             why = "no batch state can dispatch to it" if reach.exhaustive else "no batch shape has this key"
             self.flag("extra-bucket", f"{b} was compiled by warmup but {why}", kernel=b.kernel, bucket=str(b))
+
+    def observed(self) -> dict[str, Any]:
+        # Empty until finish: a run that never reached it judged nothing.
+        return {"warm": self.stats.get("warm", 0), "reachable": self.stats.get("reachable", 0)}
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "stats": self.stats}

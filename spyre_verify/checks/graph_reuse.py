@@ -74,6 +74,7 @@ class ControlResult:
 class GraphReuse(Checker):
     name = "graph-reuse"
     needs = frozenset({"control_calls", "compile_accounting"})
+    judged_by = ("serving_calls",)
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -351,6 +352,15 @@ class GraphReuse(Checker):
     def counts(self) -> dict[str, dict[str, int]]:
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
         return {c.kernel: c.as_dict() for c in compare(self.engine.kernel_accounts(), self.counter)}
+
+    def observed(self) -> dict[str, Any]:
+        # Serving calls are counted at finish: until then nothing served has been judged.
+        return {
+            "serving_calls": sum(self.calls.values()),
+            "graph_hits": sum(self.hits.values()),
+            "preflight_calls": len(self.preflight_hits),
+            "control_calls": len(self.controls),
+        }
 
     def summary(self) -> dict[str, Any]:
         counted = self.serving_counted if self.serving_counted is not None else self.ledger.counted()

@@ -189,6 +189,7 @@ def warm_disagreements(warm: Iterable[Bucket], config: RuntimeConfig, source: st
 class LadderAgreement(Checker):
     name = "ladder-agreement"
     needs = frozenset({"design_contract"})
+    judged_by = ("probed_shapes", "warmup_compiles")
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -211,8 +212,11 @@ class LadderAgreement(Checker):
         for d in warm_disagreements(self.compiled, engine.config, "from the compile events"):
             self._flag(d)
 
+    def observed(self) -> dict[str, Any]:
+        return {"probed_shapes": self.probed, "warmup_compiles": len(self.compiled)}
+
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "stats": {"probed_shapes": self.probed, "warmup_compiles": len(self.compiled)}}
+        return {**super().summary(), "stats": self.observed()}
 
     def _flag(self, d: Disagreement) -> None:
         kernel = d.bucket.kernel if d.bucket is not None else None

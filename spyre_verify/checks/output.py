@@ -33,6 +33,7 @@ from spyre_verify.oracle.reference import ReferenceRun
 class OutputEquivalence(Checker):
     name = "output-equivalence"
     needs = frozenset({"reference"})
+    judged_by = ("compared",)
 
     def __init__(self, strict: bool = False, atol: float = 1e-3, sample: int | None = None) -> None:
         super().__init__(strict)
@@ -147,6 +148,10 @@ class OutputEquivalence(Checker):
     def tokens_match(self) -> bool:
         wrong = ("token-mismatch", "length-mismatch", "unfinished")
         return self.compared > 0 and not any(v.kind in wrong for v in self.violations)
+
+    def observed(self) -> dict[str, Any]:
+        # A request still unfinished at the end is judged too (`unfinished`), with no reference run.
+        return {"compared": self.compared + self.unfinished, "aborted": self.aborted}
 
     def summary(self) -> dict[str, Any]:
         return {

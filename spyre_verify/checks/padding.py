@@ -1,7 +1,14 @@
 """Padding validity: padded entries are the null block, real entries belong to their row,
-and KV writes land only in blocks their writer owns. The opt-in KV integrity mode lives
-in `kv_integrity.py` and is subscribed only when asked for, so its events cost nothing
-otherwise.
+and KV writes land only in blocks their writer owns.
+
+Every dispatch of a runtime with `paging` comes with its step's `block_table` and `kv_write`
+events (the protocol's promise); a dispatch without them is a `missing-event`, not a step
+with nothing to judge. For a `design_contract` runtime the null block is DESIGN's, block 0;
+a runtime whose `null_block` says otherwise is a `wrong-null-block` (another runtime's own
+`null_block` is taken as it says).
+
+The opt-in KV integrity mode lives in `kv_integrity.py` and is subscribed only when asked
+for, so its events cost nothing otherwise.
 """
 
 from __future__ import annotations
@@ -13,28 +20,44 @@ from typing import Any
 
 from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import PREFILL
-from runtime.events import BlockTableEvent, KVWriteEvent
+from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
 from spyre_verify.checks.padding_rules import block_table_problems, seq_len_problems
 from spyre_verify.checks.violations import Checker, InvariantViolation
+
+# DESIGN "Glossary": the null block is block id 0. Written here, not imported from the runtime.
+DESIGN_NULL_BLOCK = 0
 
 
 class PaddingValidity(Checker):
     name = "padding-validity"
     needs = frozenset({"paging"})
+    judged_by = ("tables", "kv_writes")
 
     def __init__(self, strict: bool = False, kv_integrity: bool = False, integrity_every: int = 1) -> None:
         super().__init__(strict)
         self.kv_integrity = kv_integrity
         self.integrity_every = integrity_every
         self.tables_checked = 0
+        self.kv_writes = 0
+        self.dispatches = 0
+        self.missing = 0  # dispatches that came without their block table or KV writes
+        # The dispatch whose events are still due: (step, kernel, bucket, table seen, writes seen).
+        self._due: list[Any] | None = None
         self.integrity_not_run: str | None = None
 
     def attach(self, engine: Any) -> None:
         self.block_size = engine.config.block_size
-        self.null_block = getattr(engine, "null_block", NULL_BLOCK)
         # DESIGN's rule places a row's real entries from tkv; another runtime's rows are read by their lengths.
         self.by_lengths = "design_contract" not in getattr(engine, "capabilities", frozenset({"design_contract"}))
+        own = getattr(engine, "null_block", NULL_BLOCK)
+        # DESIGN fixes the null block; a contract runtime's own attribute is a claim to check, not the answer.
+        self.null_block = own if self.by_lengths else DESIGN_NULL_BLOCK
+        if own != self.null_block:
+            self.flag(
+                "wrong-null-block",
+                f"the runtime's null_block is {own}, but DESIGN reserves block {DESIGN_NULL_BLOCK} for padding",
+            )
         if self.kv_integrity and "kv_cache" not in getattr(engine, "capabilities", frozenset({"kv_cache"})):
             self.integrity_not_run = "KV integrity needs kv_cache"
             self.kv_integrity = False
@@ -47,7 +70,40 @@ class PaddingValidity(Checker):
         out = super().summary()
         return {**out, "kv_integrity_not_run": self.integrity_not_run} if self.integrity_not_run else out
 
+    def observed(self) -> dict[str, Any]:
+        out = {
+            "dispatches": self.dispatches,
+            "tables": self.tables_checked,
+            "kv_writes": self.kv_writes,
+            "missing_events": self.missing,
+        }
+        return {**out, "integrity_checks": self.integrity_checks} if self.kv_integrity else out
+
+    # -- the events each dispatch promises --------------------------------------------------
+    def on_dispatch(self, ev: DispatchEvent) -> None:
+        # A runtime emits a dispatch's block table and KV writes right after it, before its kernels
+        # run: the next dispatch (or the end of the run) closes the previous one's account.
+        self._settle()
+        self.dispatches += 1
+        self._due = [ev.step, ev.kernel, ev.bucket, False, False]
+
+    def _settle(self) -> None:
+        due, self._due = self._due, None
+        if due is None or (due[3] and due[4]):
+            return
+        step, kernel, bucket, table, writes = due
+        lacking = [name for name, seen in (("block_table", table), ("kv_write", writes)) if not seen]
+        self.missing += 1
+        self.flag(
+            "missing-event",
+            f"step {step} dispatched {bucket} ({kernel}) without its {' and '.join(lacking)} event"
+            f"{'s' * (len(lacking) > 1)}: the protocol promises both for every dispatch of a paging runtime",
+            kernel=kernel,
+            bucket=str(bucket),
+        )
+
     def finish(self, engine: Any) -> None:
+        self._settle()
         integrity = getattr(self, "integrity", None)
         if integrity is not None:  # the blocks no write or free re-read since their last look
             integrity.final_check(engine.steps - 1)
@@ -60,6 +116,9 @@ class PaddingValidity(Checker):
     # -- block tables ------------------------------------------------------------------
     def on_block_table(self, ev: BlockTableEvent) -> None:
         self.tables_checked += 1
+        due = self._due
+        if due is not None and due[0] == ev.step and due[1] == ev.kernel and due[2] == ev.bucket:
+            due[3] = True
         if not self.by_lengths and self._design_rows_hold(ev):
             return
         problems = block_table_problems(
@@ -71,7 +130,7 @@ class PaddingValidity(Checker):
             self.block_size,
             ev.owners,
             ev.num_blocks,
-            ev.null_block,
+            self.null_block,
             ev.seq_lens if self.by_lengths else None,
         )
         if not self.by_lengths:  # DESIGN fixes each row's length: the event must say the same
@@ -80,7 +139,9 @@ class PaddingValidity(Checker):
             self.flag(kind, f"step {ev.step}: {message}", kernel=ev.kernel, bucket=str(ev.bucket))
             if kind == "out-of-pool":
                 # Never let the kernel make an out-of-bounds access (on CUDA it corrupts memory
-                # or kills the context): stop here even when not strict.
+                # or kills the context): stop here even when not strict. The step's other events
+                # never come, and that is this stop's doing, not the runtime's.
+                self._due = None
                 raise InvariantViolation(self.violations[-1:])
 
     def _design_rows_hold(self, ev: BlockTableEvent) -> bool:
@@ -115,6 +176,10 @@ class PaddingValidity(Checker):
 
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
+        self.kv_writes += 1
+        due = self._due
+        if due is not None and due[0] == ev.step:
+            due[4] = True
         owners, null, writers, slots, bs = ev.owners, self.null_block, ev.writers, ev.slots, self.block_size
         blocks = list(map(operator.floordiv, slots, itertools.repeat(bs)))
         if blocks and null not in blocks and len(blocks) == len(writers):

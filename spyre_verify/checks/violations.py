@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+NOT_OBSERVED = "not-observed"
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -34,6 +36,9 @@ class Checker:
     """Base of every checker: subscribe to an engine, flag violations, finish at the end."""
 
     name = "checker"
+    # The keys of `observed()` that must all be nonzero (or True) for the run to have given this
+    # checker something to judge; empty: it judges whatever happened (a crash-free run passes it).
+    judged_by: tuple[str, ...] = ()
     # The protocol capabilities (`spyre_verify.protocol.CAPABILITIES`) this checker needs; on a
     # runtime without one of them it is not run, and says so.
     needs: frozenset[str] = frozenset()
@@ -63,17 +68,36 @@ class Checker:
     def finish(self, engine: Any) -> None:
         """End-of-run checks; called after serving."""
 
+    def observed(self) -> dict[str, Any]:
+        """What the run gave this checker to judge (counts, and what its verdict rests on); read
+        only on a checker that attached."""
+        return {}
+
+    @property
+    def judged_nothing(self) -> bool:
+        """True when the checker ran but some `judged_by` count of `observed()` is zero: a pass
+        would then say nothing, since no input could have made it fail."""
+        seen = self.observed()
+        return any(not seen.get(k) for k in self.judged_by)
+
     @property
     def ok(self) -> bool:
+        """No violation (a `not-observed` checker is ok here: the verdict judges that, not a hunt)."""
         return not self.violations
 
     @property
     def status(self) -> str:
-        return "not run" if self.not_run else "pass" if self.ok else "fail"
+        """`not run` (lacked a capability), `fail` (a violation), `not-observed` (ran, but observed
+        nothing it could judge: never a pass), or `pass`."""
+        if self.not_run:
+            return "not run"
+        if self.violations:
+            return "fail"
+        return NOT_OBSERVED if self.judged_nothing else "pass"
 
     def summary(self) -> dict[str, Any]:
         out = {"name": self.name, "status": self.status, "violations": [v.to_dict() for v in self.violations]}
-        return {**out, "not_run": self.not_run} if self.not_run else out
+        return {**out, "not_run": self.not_run} if self.not_run else {**out, "observed": self.observed()}
 
     def report(self) -> dict[str, Any]:
         """The report entry: `summary()`, or for a checker that never attached only the base entry

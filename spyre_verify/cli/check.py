@@ -131,9 +131,25 @@ def verdict_line(p: dict[str, Any]) -> str:
         parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught")
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
+    if p.get("not_observed"):
+        parts.append(f"not observed: {', '.join(p['not_observed'])}")
+    if hint := volume_hint(p):
+        parts.append(hint)
     if p["error"]:
         parts.append(f"serving stopped early: {p['error']}")
     return f"check {p['verdict'].upper()}: {', '.join(parts)}"
+
+
+def volume_hint(p: dict[str, Any]) -> str:
+    """A volume rule that could not bind judged nothing that could fail: say so, and how to
+    exercise it (a size flag drops the embedded binding limit). "" when it could bind."""
+    seen: dict[str, Any] = next((c.get("observed", {}) for c in p["checks"] if c["name"] == "volume-limit"), {})
+    if not seen or seen.get("could_bind", True):
+        return ""
+    return (
+        f"volume rule not exercised: its limit {seen['limit']} cannot bind "
+        f"(give --max-batch-tkv-limit below {seen['largest_possible']})"
+    )
 
 
 def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Done) -> Path:

@@ -26,6 +26,7 @@ def pass_summary(r: RunResult) -> dict[str, Any]:
         "steps": r.steps,
         "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered")},
         "violations": [v.to_dict() for v in r.violations],
+        "not_observed": r.not_observed,
         "error": r.error,
     }
 
@@ -57,6 +58,8 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
         "compiles_after_warmup": graph.get("compiles_after_warmup"),
         "tokens_match_reference": output.tokens_match if output.not_run is None else None,
         "checks": [summary_of(c) for c in result.checkers],
+        # Always-on checkers that ran but had nothing to judge: each one fails the verdict.
+        "not_observed": result.not_observed,
         "control_calls": graph.get("controls", []),
         "controls": [r.to_dict() for r in rows] if rows is not None else None,
         "per_sequence_pass": pass_summary(per_seq) if per_seq is not None else None,
@@ -78,6 +81,11 @@ def coverage_line(cov: dict[str, Any]) -> str:
     )
 
 
+def observed_text(observed: dict[str, Any] | None) -> str:
+    """'decodes 157, limit 28, could_bind True' (a not-run checker observed nothing)."""
+    return ", ".join(f"{k} {v}" for k, v in (observed or {}).items()) or "-"
+
+
 def markdown(p: dict[str, Any]) -> str:
     lines = md_title("check", p["verdict"], p["fault"])
     c, w, cov = p["config"], p["warmup"], p["coverage"]
@@ -95,11 +103,15 @@ def markdown(p: dict[str, Any]) -> str:
             ch["name"],
             ch["status"],
             str(len(ch["violations"])),
+            observed_text(ch.get("observed")),
             ch["violations"][0]["message"] if ch["violations"] else ch.get("not_run", ""),
         ]
         for ch in p["checks"]
     ]
-    lines += ["## Checks", "", table(rows, ["check", "status", "violations", "first violation (or why not run)"]), ""]
+    header = ["check", "status", "violations", "observed", "first violation (or why not run)"]
+    lines += ["## Checks", "", table(rows, header), ""]
+    if p.get("not_observed"):
+        lines += [f"Not observed (nothing to judge, so the run fails): {', '.join(p['not_observed'])}.", ""]
     if p["control_calls"]:
         rows = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["control_calls"]]
         lines += ["## Control calls", "", table(rows, ["control", "bucket", "seen by backend", "seen by stance"]), ""]

@@ -1,9 +1,11 @@
 """Config flags shared by every command, turned into a RuntimeConfig (env overrides applied).
 
 Every command has one default config, the main job's embedded one (`defaults.CHECK_DEFAULTS`:
-block_size 4, max_model_len 16, max_num_seqs 4, a pool of 8 blocks). A size flag replaces
-its own default; the pool then defaults to the runtime's (max_num_seqs * ceil(max_model_len /
-block_size) + 1) unless --num-blocks is given, since 8 blocks fit only the embedded sizes.
+block_size 4, max_model_len 16, max_num_seqs 4, a pool of 8 blocks, and the binding volumetric
+limit `defaults.CHECK_TKV_LIMIT`). A size flag replaces its own default; the pool then defaults
+to the runtime's (max_num_seqs * ceil(max_model_len / block_size) + 1) unless --num-blocks is
+given, since 8 blocks fit only the embedded sizes, and the limit to the runtime's (never
+binding) unless --max-batch-tkv-limit is given. SPYRE_MAX_BATCH_TKV_LIMIT wins over both.
 Only the backend differs by command (`add_config_flags(backend=...)`).
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, MAX_DIGITS, RuntimeConfig
 from runtime.errors import ConfigError
-from spyre_verify.defaults import CHECK_DEFAULTS
+from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_TKV_LIMIT
 
 SIZES = ("block_size", "max_model_len", "max_num_seqs")
 DEFAULT_POOL = CHECK_DEFAULTS["num_blocks"]
@@ -44,7 +46,7 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
     g.add_argument(
         "--max-batch-tkv-limit",
         help="most positions one decode step may attend, rows * (tkv + 1); SPYRE_MAX_BATCH_TKV_LIMIT overrides it "
-        "(default: max_model_len * max_num_seqs, never binding)",
+        f"(default: {CHECK_TKV_LIMIT} with no size flag, else max_model_len * max_num_seqs, never binding)",
     )
     g.add_argument(
         "--runtime",
@@ -82,13 +84,16 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         v = _int_flag(flag.replace("_", "-"), getattr(args, flag, None))
         if v is not None:
             kwargs[flag] = v
-    if not any(k in kwargs for k in (*SIZES, "num_blocks")):
+    embedded = not any(k in kwargs for k in (*SIZES, "num_blocks"))
+    if embedded:
         kwargs["num_blocks"] = DEFAULT_POOL
     for k in SIZES:
         kwargs.setdefault(k, CHECK_DEFAULTS[k])
     limit = _int_flag("max-batch-tkv-limit", getattr(args, "max_batch_tkv_limit", None))
     if limit is not None:
         kwargs["max_batch_tkv_limit"] = limit
+    elif embedded:  # the embedded sizes' own limit, so that every default run exercises the volume rule
+        kwargs.setdefault("max_batch_tkv_limit", CHECK_TKV_LIMIT)
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
     return RuntimeConfig.from_env(os.environ if env is None else env, **kwargs)

@@ -59,7 +59,9 @@ def test_default_audit_passes_with_every_reachable_bucket_hit(
     assert all(p["conditions"].values())
     assert (p["config"]["block_size"], p["config"]["max_model_len"], p["config"]["total_blocks"]) == (4, 16, 8)
     reachable = [b for b in p["buckets"] if b["reachable"]]
-    assert len(reachable) == 16 and p["totals"]["reachable"] == 16
+    # 15: the embedded limit of 28 prunes batched(4, 4, False, True) (four rows past tkv 8 attend 36).
+    assert p["config"]["max_batch_tkv_limit"] == 28
+    assert len(reachable) == 15 and p["totals"]["reachable"] == 15
     for b in reachable:
         assert b["status"] == "hit" and b["own_hits"] == b["calls"] > 0, b
         assert b["compile_seconds"] > 0 and b["replay_median_us"] > 0, b

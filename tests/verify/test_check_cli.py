@@ -31,8 +31,10 @@ CHECKS = {
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]
-# Six graphs instead of sixteen, for the runs that only need a quick pass.
+# Six graphs instead of fifteen, for the runs that only need a quick pass; a volume limit under
+# L * S = 16, so that the volume rule is exercised there too.
 TINY = ["--max-model-len", "8", "--max-num-seqs", "2", "--num-blocks", "5", "--backend", "eager", "--requests", "6"]
+TINY += ["--max-batch-tkv-limit", "12"]
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +74,9 @@ def test_report_has_every_documented_key(default_run: tuple[int, dict[str, Any],
     assert {"torch", "device", "backend"} <= set(report["environment"])
     assert (report["environment"]["device"], report["environment"]["backend"]) == ("cpu", "aot_eager")
     assert report["config"]["block_size"] == 4 and report["config"]["backend"] == "aot_eager"
-    assert report["warmup"]["graphs"] == 16 and report["warmup"]["seconds"] > 0
+    # 15: the embedded limit of 28 prunes batched(4, 4, False, True) (four rows past tkv 8 attend 36).
+    assert report["warmup"]["graphs"] == 15 and report["warmup"]["seconds"] > 0
+    assert report["config"]["max_batch_tkv_limit"] == 28
 
 
 def test_checks_and_controls_rows(default_run: tuple[int, dict[str, Any], str, Path]) -> None:
@@ -80,6 +84,15 @@ def test_checks_and_controls_rows(default_run: tuple[int, dict[str, Any], str, P
     assert {c["name"] for c in report["checks"]} == CHECKS
     assert all({"name", "status", "violations"} <= set(c) for c in report["checks"])
     assert all(c["status"] == "pass" and c["violations"] == [] for c in report["checks"])
+    assert report["not_observed"] == []
+    observed = {c["name"]: c["observed"] for c in report["checks"]}
+    assert observed["padding-validity"]["tables"] == observed["padding-validity"]["dispatches"] > 0
+    assert observed["dispatch-coverage"]["keys_compared"] == observed["dispatch-coverage"]["dispatches"] > 0
+    assert observed["contract-conformance"]["steps"] > 0 and observed["graph-reuse"]["serving_calls"] > 0
+    volume = observed["volume-limit"]
+    # The embedded limit binds: it is below L * S, and the run's peak comes right up to it.
+    assert volume["could_bind"] is True and volume["limit"] == 28 < volume["largest_possible"] == 64
+    assert 24 < volume["peak_volume"] <= 28
     assert [(r["fault"], r["expected_checker"], r["caught"]) for r in report["controls"]] == [
         ("mask-leak", "output-equivalence", True)
     ]
@@ -95,7 +108,7 @@ def test_reports_land_in_out_and_progress_on_stderr(default_run: tuple[int, dict
     _, report, err, out_dir = default_run
     assert json.loads((out_dir / "check.json").read_text()) == report
     assert (out_dir / "check.md").read_text().startswith("# spyre-verify check: PASS")
-    assert "warmup: 16/16" in err and "serving: step 50" in err
+    assert "warmup: 15/15" in err and "serving: step 50" in err
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -26,6 +26,7 @@ from spyre_verify.errors import UsageError
 from spyre_verify.report import table
 
 TINY = ["--max-model-len", "8", "--max-num-seqs", "2", "--num-blocks", "5", "--backend", "eager", "--requests", "6"]
+TINY += ["--max-batch-tkv-limit", "12"]  # under L * S = 16, so the volume rule is exercised
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -4,6 +4,7 @@ and the oracle (`spyre_verify.oracle.accept`) and the hunt's `config` property s
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ import runtime.config
 from runtime.config import ENV_BATCH_TKV, RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify import profiles
+from spyre_verify.cli.config import add_config_flags, config_from_args
+from spyre_verify.defaults import CHECK_TKV_LIMIT
 from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.oracle import accept
@@ -130,3 +133,22 @@ def test_the_config_hunt_draws_limits_from_binding_to_never_binding_and_refused(
     DRAWN.clear()
     _draw_limits()
     assert DRAWN["seen"] == {"refused", "binds", "never binds", "env", "kwarg"}
+
+
+def _args(**flags: object) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_config_flags(p)
+    argv = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    return p.parse_args(argv)
+
+
+def test_the_embedded_config_has_a_binding_limit_and_a_users_setting_wins() -> None:
+    embedded = config_from_args(_args(), env={})
+    assert embedded.max_batch_tkv_limit == CHECK_TKV_LIMIT == 28
+    assert batch_tkv_limit(embedded) < embedded.max_model_len * embedded.max_num_seqs  # it can bind
+    # A size flag drops the embedded sizes, their pool and their limit: the runtime's never-binding default.
+    assert config_from_args(_args(max_model_len=32), env={}).max_batch_tkv_limit is None
+    assert config_from_args(_args(num_blocks=17), env={}).max_batch_tkv_limit is None
+    assert config_from_args(_args(max_batch_tkv_limit=40), env={}).max_batch_tkv_limit == 40
+    assert config_from_args(_args(), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
+    assert config_from_args(_args(max_batch_tkv_limit=40), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
