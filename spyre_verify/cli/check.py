@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spyre_verify import faults
+from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.check_report import markdown, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
@@ -107,10 +108,14 @@ def run(args: argparse.Namespace) -> int:
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
+    passes = [r for r in (done.result, done.per_seq) if r is not None]
+    p["runtime_crash"] = crashed = crash_report(args.out, name, [t for r in passes for t in tracebacks_of(r.checkers)])
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
     print(json.dumps(p, indent=2) if args.json else markdown(p))
     say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
+    if crashed:
+        say(f"the runtime crashed; its traceback is in {crashed['file']}")
     say(verdict_line(p))
     return 0 if p["verdict"] == "pass" else 1
 

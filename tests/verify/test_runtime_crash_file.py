@@ -68,3 +68,17 @@ def test_an_audit_whose_runtime_raises_in_warmup_writes_the_traceback(
     report = json.loads((out / f"{name}.json").read_text())
     assert report["runtime_crash"]["file"] == str(path) and report["runtime_crash"]["tracebacks"]
     assert str(path) in capsys.readouterr().err
+
+
+def test_a_check_whose_runtime_raises_in_warmup_names_the_raising_line(
+    user_runtime: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["check", "--runtime", f"{user_runtime}:make", *SIZES, "--no-controls", "--requests", "2", "--out", str(out)]
+    assert main(argv) == 1
+    path = out / "runtime-crash-check.txt"
+    text = path.read_text()
+    assert "during warmup" in text and "# the warmup's own bug" in text and "crashing_runtime.py" in text
+    report = json.loads((out / "check.json").read_text())
+    assert report["runtime_crash"]["file"] == str(path)
+    assert str(path) in capsys.readouterr().err
