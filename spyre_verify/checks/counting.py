@@ -156,8 +156,10 @@ class CallLedger:
     """Calls each kernel's serving dispatches imply, beside the graph hits the counting backend saw.
 
     `calls_per_dispatch(ev)` says how many kernel calls a dispatch makes. Only the kernel's own
-    calls run between one dispatch and the next, so each dispatch is judged on its own; one that
-    a raise cut short (`interrupted`) is not judged, and is announced again if its step is retried.
+    calls run between one dispatch and its step's `step` event, so each dispatch is judged on its
+    own, when that event says the step finished (`step_done`). A dispatch whose step never
+    finished (a strict checker, the serving guard or the runtime raised mid-step) made only some
+    of its calls and is not judged; a retried step announces its dispatch again.
     """
 
     counter: CountingBackend
@@ -170,8 +172,11 @@ class CallLedger:
     def dispatch(self, ev: DispatchEvent) -> None:
         if self.start is None:
             self.start = Counter(self.counter.hits)
-        self.close()
         self._open = (ev, self.calls_per_dispatch(ev), self.counter.hits[ev.kernel])
+
+    def step_done(self, step: int) -> None:
+        if self._open is not None and self._open[0].step == step:
+            self.close()
 
     def interrupted(self) -> None:
         self._open = None

@@ -128,6 +128,9 @@ class GraphReuse(Checker):
                 self._before = self._counters()
             self.ledger.dispatch(ev)
 
+    def on_step(self, ev: Any) -> None:
+        self.ledger.step_done(ev.step)
+
     def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
         calls: Counter[Bucket] = Counter()
         served: Counter[tuple[Bucket, Bucket]] = Counter()
@@ -344,7 +347,7 @@ class GraphReuse(Checker):
 
     def _judge_calls(self) -> None:
         """The calls the serving dispatches imply against the hits the counting backend saw, per kernel."""
-        self.ledger.close()
+        self.ledger.interrupted()  # a dispatch still open: its step never finished
         counted = self.serving_counted = self.ledger.counted()  # frozen: control calls come after
         for kernel, message, bucket in shortfalls(self.ledger, counted):
             self.flag("uncounted-call", message, kernel=kernel, bucket=bucket)

@@ -81,11 +81,16 @@ class PaddingValidity(Checker):
 
     # -- the events each dispatch promises --------------------------------------------------
     def on_dispatch(self, ev: DispatchEvent) -> None:
-        # A runtime emits a dispatch's block table and KV writes right after it, before its kernels
-        # run: the next dispatch (or the end of the run) closes the previous one's account.
-        self._settle()
+        # A runtime emits a dispatch's block table and KV writes before its kernels run; the step's
+        # own `step` event closes the account. A dispatch still open here belongs to a step that
+        # never finished (a strict checker, the serving guard or the runtime raised mid-step), whose
+        # later events were cut off by that raise, not left out by the runtime: it is not judged.
         self.dispatches += 1
         self._due = [ev.step, ev.kernel, ev.bucket, False, False]
+
+    def on_step(self, ev: Any) -> None:
+        if self._due is not None and self._due[0] == ev.step:
+            self._settle()
 
     def _settle(self) -> None:
         due, self._due = self._due, None
@@ -103,7 +108,7 @@ class PaddingValidity(Checker):
         )
 
     def finish(self, engine: Any) -> None:
-        self._settle()
+        self._due = None  # its step never finished (see on_dispatch)
         integrity = getattr(self, "integrity", None)
         if integrity is not None:  # the blocks no write or free re-read since their last look
             integrity.final_check(engine.steps - 1)

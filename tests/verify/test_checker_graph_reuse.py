@@ -14,7 +14,7 @@ import torch
 from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket, DecodeKey, PrefillKey
 from runtime.compiler import KernelRunner
 from runtime.config import RuntimeConfig
-from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
+from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent, StepEvent
 from runtime.warmup import Seams
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.control_calls import Control, control_scope, decode_control, prefill_md, stride_control
@@ -261,6 +261,7 @@ def test_two_graphs_for_one_bucket_and_foreign_hits_are_flagged_once() -> None:
     runner = engine.attention.runners[DECODE]
     runner.calls[other] += 2
     runner.served[other, b] += 2  # two calls of decode(2,) served by decode(1,)'s graph
+    checker.on_step(StepEvent(0, "decode", other, ()))  # the step finished: its calls are judged
     checker.finish(engine)
     assert [(v.kind, v.bucket) for v in checker.violations] == [
         ("foreign-graph", "decode(2,)"),
