@@ -91,6 +91,7 @@ ALLOWED: dict[str, str] = {
     # fault injection builds the broken runtime: it must read the runtime's values to break them
     "faults.py: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's ladder wrongly",
     "faults.py: c.max_blocks_per_seq": "a seeded fault sizes the runtime's ladder wrongly",
+    "faults.py: config.max_blocks_per_seq": "a seeded fault sizes the recompile limit from the runtime's KV ladder",
     "faults.py: SpyreAttnBucketer(c).pruned()": "a seeded fault warms the runtime's pruned buckets",
     "faults.py: SpyreAttnBucketer(c).pruned": "the same call, seen as a bucketer attribute",
     "faults.py: c.batch_tkv_limit": "a seeded fault picks a config whose limit binds",

@@ -33,7 +33,6 @@ ENV_EDGES = {
     "0": None,
     "-3": None,
     "+3": None,
-    "": None,
     " ": None,
     "2.0": None,
     "1e3": None,
@@ -152,3 +151,11 @@ def test_the_embedded_config_has_a_binding_limit_and_a_users_setting_wins() -> N
     assert config_from_args(_args(max_batch_tkv_limit=40), env={}).max_batch_tkv_limit == 40
     assert config_from_args(_args(), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
     assert config_from_args(_args(max_batch_tkv_limit=40), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
+
+
+def test_an_empty_env_limit_counts_as_unset_and_the_oracle_agrees() -> None:
+    # DESIGN: a variable set to the empty string counts as unset.
+    env = {ENV_BATCH_TKV: ""}
+    assert RuntimeConfig.from_env(env, **SMALL).max_batch_tkv_limit is None
+    assert accept.config_problem(SMALL, env) is None and accept.reading(SMALL, env).tkv_limit is None
+    assert check_config(SMALL, env) == []
