@@ -107,7 +107,11 @@ class DispatchCoverage(Checker):
         want = prefill_key(self.lad, b.tkv) if ev.kernel == PREFILL else decode_key(self.lad, rows, b.tkv)
         if ev.bucket == want:
             return
-        what = f"a prefill at tkv {b.tkv}" if ev.kernel == PREFILL else f"a decode of {rows} rows at tkv {b.tkv}"
+        what = (
+            f"a prefill at tkv {b.tkv}"
+            if ev.kernel == PREFILL
+            else f"a decode of {rows} row{'s' * (rows != 1)} at tkv {b.tkv}"
+        )
         batch = describe_batch(b)
         self.flag(
             "wrong-key",
