@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.bucketer import Bucket
+from runtime.bucketer import PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent
 from runtime.warmup import Seams
@@ -27,6 +27,7 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.messages import Progress
+from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import Runtime
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
@@ -120,6 +121,31 @@ class RunResult:
         """No violation, no error, and no always-on checker left with nothing to judge: a check
         whose checkers could not have failed has not passed."""
         return not self.violations and self.error is None and not self.not_observed
+
+
+def verified_too_little(accepted: int, rejected: int, decodes: int, decode_fits: bool) -> str | None:
+    """Why a run that served traffic still verified too little to pass, or None: most of its
+    workload refused at add_request, or no decode step although the config allows one (every
+    decode rule, and the decode kernels, then went unjudged)."""
+    submitted = accepted + rejected
+    if 2 * rejected > submitted:
+        return (
+            f"verified too little: {rejected} of {submitted} requests were refused at add_request, so most of "
+            "the workload never ran; check the config (max_model_len, the volume limit) against the workload"
+        )
+    if decodes == 0 and decode_fits:
+        return (
+            "verified too little: no decode step ran, although the config admits a request that decodes "
+            "(a 1-token prompt with max_tokens 2); every request ended at its prefill"
+        )
+    return None
+
+
+def decode_fits(config: RuntimeConfig) -> bool:
+    """DESIGN admits a 1-token prompt with max_tokens 2 (one decode): it pads to a block, and its
+    lone decode peak is that block plus one."""
+    bs = config.block_size
+    return bs + 2 <= config.max_model_len and bs + 1 <= batch_tkv_limit(config)
 
 
 def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
@@ -279,6 +305,10 @@ def verify(
         result.finished_by_reason = dict(log.finishes)
         if result.error is None:
             result.error = served_nothing(result.requests, result.rejected, result.steps)
+        if result.error is None:
+            decodes = sum(e.kernel != PREFILL for e in log.events)
+            fits = contract and decode_fits(config)  # another runtime's kernels are its own to name
+            result.error = verified_too_little(result.requests, result.rejected, decodes, fits)
         if result.error is None and graph is None and any(isinstance(c, GraphReuse) for c in result.checkers):
             # Without it nothing served under the fail_on_recompile stance and no compile was counted
             # from the harness's side: the run cannot say that warmup's graphs were reused.

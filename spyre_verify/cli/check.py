@@ -138,11 +138,21 @@ def verdict_line(p: dict[str, Any]) -> str:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
     if p.get("not_observed"):
         parts.append(f"not observed: {', '.join(p['not_observed'])}")
+    if not_run := [c["name"] for c in p["checks"] if c["status"] == "not run"]:
+        parts.append(f"not run: {', '.join(not_run)}")
+    w = p["workload"]
+    if w["rejected"]:
+        parts.append(f"{w['rejected']} of {w['requests'] + w['rejected']} requests refused")
     if hint := volume_hint(p):
         parts.append(hint)
     if p["error"]:
-        parts.append(f"serving stopped early: {p['error']}")
+        parts.append(error_text(p["error"]))
     return f"check {p['verdict'].upper()}: {', '.join(parts)}"
+
+
+def error_text(error: str) -> str:
+    """A run that served to the end but judged too little says so; only a stop or a crash stopped serving."""
+    return error if error.startswith("verified ") else f"serving stopped early: {error}"
 
 
 def volume_hint(p: dict[str, Any]) -> str:

@@ -134,5 +134,6 @@ def markdown(p: dict[str, Any]) -> str:
             "",
         ]
     if p["error"]:
-        lines += [f"Serving stopped early: {p['error']}", ""]
+        stopped = not p["error"].startswith("verified ")  # "verified nothing/too little": it served to the end
+        lines += [f"Serving stopped early: {p['error']}" if stopped else p["error"].capitalize(), ""]
     return "\n".join(lines)

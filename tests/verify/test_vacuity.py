@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import ClassVar
+
+import pytest
 
 from runtime.config import RuntimeConfig
 from spyre_verify.audit.verdict import conditions
-from spyre_verify.session import served_nothing, verify
+from spyre_verify.cli.main import main
+from spyre_verify.session import decode_fits, served_nothing, verified_too_little, verify
 from spyre_verify.workload import Arrival
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
@@ -40,3 +45,51 @@ def test_an_audit_table_with_nothing_reachable_fails_its_conditions() -> None:
         traffic = Traffic()
 
     assert conditions(Empty(), [])["something_served"] is False  # type: ignore[arg-type]
+
+
+def test_a_run_that_refused_most_of_its_workload_verified_too_little(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A volume limit of 2 refuses every request with a decode: most of the workload never runs.
+    argv = ["check", "--max-model-len", "8", "--max-num-seqs", "2", "--backend", "eager", "--requests", "8"]
+    assert main([*argv, "--max-batch-tkv-limit", "2", "--no-controls", "--out", str(tmp_path)]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    report = json.loads((tmp_path / "check.json").read_text())
+    w = report["workload"]
+    assert 2 * w["rejected"] > w["requests"] + w["rejected"]
+    assert report["error"].startswith("verified too little:") and "refused at add_request" in report["error"]
+    assert (
+        last.startswith("[spyre-verify] check FAIL:")
+        and f"{w['rejected']} of {w['requests'] + w['rejected']} requests refused" in last
+    )
+    assert "serving stopped early" not in last  # it served to the end; it judged too little
+    md = (tmp_path / "check.md").read_text()
+    assert "Verified too little:" in md and "Serving stopped early" not in md
+
+
+def test_a_run_with_no_decode_verified_too_little_when_the_config_allows_one() -> None:
+    one_token = [Arrival(0, (1, 2, 3), 1), Arrival(1, (4,), 1)]  # each ends at its prefill
+    result = verify(SMALL, workload=one_token, controls=False, coverage=False)
+    assert result.requests == 2 and not result.ok
+    assert result.error is not None and result.error.startswith("verified too little: no decode step ran")
+    # Where no request can decode at all (a block fills max_model_len but one token), none is asked for.
+    assert not decode_fits(RuntimeConfig(block_size=4, max_model_len=5, max_num_seqs=2, backend="eager"))
+    assert verified_too_little(2, 0, 0, decode_fits=False) is None
+    assert verified_too_little(2, 3, 5, decode_fits=True) is not None  # 3 of 5 refused
+    assert verified_too_little(3, 3, 5, decode_fits=True) is None  # half is not most
+
+
+def test_the_verdict_line_names_the_checkers_not_run() -> None:
+    from spyre_verify.cli.check import verdict_line
+
+    p = {
+        "checks": [{"name": "volume-limit", "status": "not run", "violations": []}],
+        "coverage": {"served": 3, "not_run": "reachable coverage needs design_contract"},
+        "tokens_match_reference": True,
+        "controls": None,
+        "per_sequence_pass": None,
+        "workload": {"requests": 5, "rejected": 0},
+        "error": None,
+        "verdict": "pass",
+    }
+    assert "not run: volume-limit" in verdict_line(p) and "refused" not in verdict_line(p)
