@@ -130,8 +130,8 @@ def verified_too_little(accepted: int, rejected: int, decodes: int, decode_fits:
     submitted = accepted + rejected
     if 2 * rejected > submitted:
         return (
-            f"verified too little: {rejected} of {submitted} requests were refused at add_request, so most of "
-            "the workload never ran; check the config (max_model_len, the volume limit) against the workload"
+            f"verified too little: {rejected} of the workload's {submitted} requests were refused at add_request, "
+            "so most of it never ran; check the config (max_model_len, the volume limit) against the workload"
         )
     if decodes == 0 and decode_fits:
         return (
@@ -271,6 +271,7 @@ def verify(
         checkers = [c for c in checkers if c.not_run is None]
         graph = graph if graph in checkers else None
         stage = "warmup"
+        served: tuple[int, int] = (0, 0)  # the seeded workload's (accepted, refused)
         t0 = time.perf_counter()
         try:
             if progress:
@@ -286,7 +287,7 @@ def verify(
             workload = workload if workload is not None else seeded_workload(engine.config, 40, endings=True)
             t0 = time.perf_counter()
             with graph.guard() if graph is not None else contextlib.nullcontext():
-                result.requests, result.rejected = serve(engine, workload, progress, checkers)
+                result.requests, result.rejected = served = serve(engine, workload, progress, checkers)
                 if coverage:
                     # The edge of admission: each must be admitted or refused exactly as DESIGN says;
                     # then aborts of running requests, which the workload's queue makes rare.
@@ -308,7 +309,8 @@ def verify(
         if result.error is None:
             decodes = sum(e.kernel != PREFILL for e in log.events)
             fits = contract and decode_fits(config)  # another runtime's kernels are its own to name
-            result.error = verified_too_little(result.requests, result.rejected, decodes, fits)
+            # The workload's own refusals: the admission-edge traffic after it is refused on purpose.
+            result.error = verified_too_little(*served, decodes, fits)
         if result.error is None and graph is None and any(isinstance(c, GraphReuse) for c in result.checkers):
             # Without it nothing served under the fail_on_recompile stance and no compile was counted
             # from the harness's side: the run cannot say that warmup's graphs were reused.

@@ -50,9 +50,10 @@ def test_an_audit_table_with_nothing_reachable_fails_its_conditions() -> None:
 def test_a_run_that_refused_most_of_its_workload_verified_too_little(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A volume limit of 2 refuses every request with a decode: most of the workload never runs.
-    argv = ["check", "--max-model-len", "8", "--max-num-seqs", "2", "--backend", "eager", "--requests", "8"]
-    assert main([*argv, "--max-batch-tkv-limit", "2", "--no-controls", "--out", str(tmp_path)]) == 1
+    # The command: a volume limit of 2 refuses every request that decodes, so most of the
+    # seeded workload never runs (the default config, eager for the gate's budget).
+    argv = ["check", "--max-batch-tkv-limit", "2", "--no-controls", "--backend", "eager", "--out", str(tmp_path)]
+    assert main(argv) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     report = json.loads((tmp_path / "check.json").read_text())
     w = report["workload"]
