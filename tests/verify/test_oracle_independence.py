@@ -101,8 +101,6 @@ ALLOWED: dict[str, str] = {
     "sim.py: SpyreAttnBucketer": "the sim builds the runtime's own builder on its own bucketer",
     "hunt/replay.py: SpyreAttnBucketer": "replay builds the runtime's own builder, the system under test",
     "cli/ladders.py: SpyreAttnBucketer": "`spyre-verify ladders` prints the bucketer's answers",
-    # removed by part B (another engineer is replacing both with oracle derivations)
-    "checks/volume.py: engine.config.batch_tkv_limit": "removed by part B",
 }
 
 
@@ -180,9 +178,7 @@ def test_no_module_takes_the_runtimes_word_for_an_expected_answer(path: Path) ->
 
 def test_every_allowed_use_is_still_there_and_says_why() -> None:
     used = {use for path in MODULES for use in runtime_words(path)}
-    # Part B's entries go stale when its branch lands; they are then to be deleted, not to fail the merge.
-    transient = {use for use, why in ALLOWED.items() if why == "removed by part B"}
-    assert sorted(set(ALLOWED) - used - transient) == [], "an exception no longer used: remove it"
+    assert sorted(set(ALLOWED) - used) == [], "an exception no longer used: remove it"
     assert all(why.strip() for why in ALLOWED.values())
     # Every sub-package is scanned, not only the checkers and the oracle.
     scanned = {p.relative_to(PACKAGE).parts[0] if len(p.relative_to(PACKAGE).parts) > 1 else "." for p in MODULES}
