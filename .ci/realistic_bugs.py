@@ -74,6 +74,10 @@ KERNEL = "kernel masks"
 ENGINE = "engine"
 WORD = "the runtime's own word"
 
+# Retired as equivalent once the config refused a KV override out of order ("never re-sorted"):
+# `kv-ladder-env-unsorted` (the ladder used in the order given) and `kv-buckets-top-is-last` (the
+# top-rung rule reading the last bucket). Every list those edits can see is already increasing,
+# so neither can change what the runtime does, and no tool could catch them.
 BUGS: list[Bug] = [
     # -- scheduling decisions: no bucket and no token need change --------------------------------
     bug(
@@ -320,14 +324,6 @@ BUGS: list[Bug] = [
         "a ladder whose top equals its start is empty (max_num_seqs=2: no batched decode)",
         LADDER,
     ),
-    bug(
-        "kv-ladder-env-unsorted",
-        "runtime/ladders.py",
-        "        return tuple(sorted(b // block_size for b in kv_buckets))\n",
-        "        return tuple(b // block_size for b in kv_buckets)\n",
-        "SPYRE_ATTN_KV_BUCKETS is used in the order given",
-        LADDER,
-    ),
     # -- config and env parsing -----------------------------------------------------------------------
     bug(
         "flag-zero-is-true",
@@ -343,14 +339,6 @@ BUGS: list[Bug] = [
         '    parts = [p.strip() for p in text.split(",")]\n',
         '    parts = text.split(",")\n',
         "SPYRE_ATTN_KV_BUCKETS='64, 128' is refused: parts are not stripped",
-        CONFIG,
-    ),
-    bug(
-        "kv-buckets-top-is-last",
-        "runtime/config.py",
-        '    ("kv_buckets", lambda v, c: max(v) >= c.max_model_len,\n',
-        '    ("kv_buckets", lambda v, c: v[-1] >= c.max_model_len,\n',
-        "the top-rung rule reads the last bucket, so an unsorted list with the top first is refused",
         CONFIG,
     ),
     bug(
