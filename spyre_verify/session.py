@@ -48,9 +48,7 @@ def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]
 
 
 # The names of `always_on()`'s checkers, which every `check` must exercise.
-ALWAYS_ON = tuple(
-    c.name for c in (DispatchCoverage, PaddingValidity, GraphReuse, LadderAgreement, ContractConformance, VolumeLimit)
-)
+ALWAYS_ON = tuple(c.name for c in always_on())
 
 
 def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample: int | None = None) -> list[Checker]:

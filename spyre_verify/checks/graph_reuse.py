@@ -175,10 +175,8 @@ class GraphReuse(Checker):
         try:
             with serving_stance():
                 yield
-        except BaseException as e:
-            if not in_control():
-                self.ledger.interrupted()  # the step that raised made only some of its calls
-            if not isinstance(e, RuntimeError) or not is_stance_error(e) or in_control():
+        except RuntimeError as e:  # a step cut short here gets no step event: the ledger leaves it unjudged
+            if not is_stance_error(e) or in_control():
                 raise
             self.refused += 1
             last = self._last_dispatch

@@ -144,9 +144,8 @@ class PaddingValidity(Checker):
             self.flag(kind, f"step {ev.step}: {message}", kernel=ev.kernel, bucket=str(ev.bucket))
             if kind == "out-of-pool":
                 # Never let the kernel make an out-of-bounds access (on CUDA it corrupts memory
-                # or kills the context): stop here even when not strict. The step's other events
-                # never come, and that is this stop's doing, not the runtime's.
-                self._due = None
+                # or kills the context): stop here even when not strict. The step then gets no
+                # step event, so its missing KV writes are not held against the runtime.
                 raise InvariantViolation(self.violations[-1:])
 
     def _design_rows_hold(self, ev: BlockTableEvent) -> bool:
