@@ -16,7 +16,11 @@ from runtime.reachability import Cost, Limits, decode_costs, prefill_costs
 DECODE = "decode"
 BATCHED = "batched"
 PREFILL = "prefill"
-KERNELS = (DECODE, BATCHED, PREFILL)
+ATTEND = "attend"  # ragged: the per-sequence kernel, decodes and prefill chunks alike
+CHUNKED = "chunked"  # ragged: the batched decode kernel, its blocks walked in chunks
+PADDED_KERNELS = (DECODE, BATCHED, PREFILL)
+RAGGED_KERNELS = (ATTEND, CHUNKED)
+KERNELS = PADDED_KERNELS + RAGGED_KERNELS
 
 
 class _Key:
@@ -47,8 +51,27 @@ class PrefillKey(_Key):
     tokens: int
 
 
-Key = DecodeKey | BatchedKey | PrefillKey
-KEY_TYPES: dict[str, type[Key]] = {DECODE: DecodeKey, BATCHED: BatchedKey, PREFILL: PrefillKey}
+@dataclass(frozen=True, order=True)
+class AttendKey(_Key):
+    kv_blocks: int
+    query_len: int  # the query rung: 1 for a decode, any rung for a prefill chunk
+
+
+@dataclass(frozen=True, order=True)
+class ChunkedKey(_Key):
+    num_seqs: int
+    blocks_per_chunk: int
+    num_chunks: int
+
+
+Key = DecodeKey | BatchedKey | PrefillKey | AttendKey | ChunkedKey
+KEY_TYPES: dict[str, type[Key]] = {
+    DECODE: DecodeKey,
+    BATCHED: BatchedKey,
+    PREFILL: PrefillKey,
+    ATTEND: AttendKey,
+    CHUNKED: ChunkedKey,
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -97,11 +120,18 @@ class SpyreAttnBucketer:
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
         bs, L = config.block_size, config.max_model_len
+        self.kernels = RAGGED_KERNELS if config.ragged else PADDED_KERNELS
         self.kv_blocks = ladders.kv_blocks_ladder(bs, L, config.kv_buckets)
         self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.min_batched_seqs)
         self.prefill_tokens = ladders.prefill_ladder(bs, L)
+        if config.ragged:
+            # DESIGN: the ragged num-seqs ladder is empty when batched decode is off; there is no
+            # whole-prompt prefill.
+            self.num_seqs = self.num_seqs if config.batched_decode else ()
+            self.prefill_tokens = ()
+        self.query_tokens = ladders.query_ladder(config.token_budget, config.query_buckets) if config.ragged else ()
         self.limits = Limits(bs, L, config.max_num_seqs, config.usable_blocks, config.batch_tkv_limit)
-        self._memo: dict[tuple[int | str, int], Bucket] = {}
+        self._memo: dict[tuple[int | str, ...], Bucket] = {}
         self._canonical: dict[Bucket, Bucket] = {}
 
     def kv_rung(self, blocks: int) -> int:
@@ -113,8 +143,28 @@ class SpyreAttnBucketer:
     def prefill_rung(self, tokens: int) -> int:
         return ladders.round_up(self.prefill_tokens, tokens, "prefill tokens")
 
+    def query_rung(self, tokens: int) -> int:
+        return ladders.round_up(self.query_tokens, tokens, "query tokens")
+
     def ladders(self) -> dict[str, tuple[int, ...]]:
+        if self.config.ragged:
+            return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "query_tokens": self.query_tokens}
         return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "prefill_tokens": self.prefill_tokens}
+
+    def attend_bucket(self, blocks: int, query: int) -> Bucket:
+        """Ragged: a per-sequence call over `blocks` entries with `query` real query tokens."""
+        if (ATTEND, blocks, query) in self._memo:
+            return self._memo[ATTEND, blocks, query]
+        b = Bucket(ATTEND, AttendKey(self.kv_rung(blocks), self.query_rung(query)))
+        return self._remember((ATTEND, blocks, query), b)
+
+    def chunked_bucket(self, seqs: int, blocks: int) -> Bucket:
+        """Ragged: a batched decode of `seqs` rows, the widest needing `blocks` entries."""
+        if (CHUNKED, seqs, blocks) in self._memo:
+            return self._memo[CHUNKED, seqs, blocks]
+        n, kv = self.seqs_rung(seqs), self.kv_rung(blocks)
+        b = Bucket(CHUNKED, ChunkedKey(n, *ladders.chunked_shape(n, kv, self.config.decode_entries)))
+        return self._remember((CHUNKED, seqs, blocks), b)
 
     def uses_batched(self, seqs: int) -> bool:
         return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.min_batched_seqs
@@ -132,7 +182,7 @@ class SpyreAttnBucketer:
             return self._memo[PREFILL, tokens]
         return self._remember((PREFILL, tokens), Bucket(PREFILL, PrefillKey(self.prefill_rung(tokens))))
 
-    def _remember(self, args: tuple[int | str, int], b: Bucket) -> Bucket:
+    def _remember(self, args: tuple[int | str, ...], b: Bucket) -> Bucket:
         """One object per bucket, the warm plan's, kept by batch size: a step's bucket is then found in
         every dict and set by identity, not by comparing dataclasses field by field."""
         if not self._canonical:
@@ -143,9 +193,13 @@ class SpyreAttnBucketer:
     @cached_property
     def _verdicts(self) -> dict[Bucket, str | None]:
         """Every candidate bucket mapped to None (reachable) or the reason it is pruned."""
+        if self.config.ragged:
+            from runtime.ragged_buckets import ragged_verdicts  # it builds this module's keys
+
+            return ragged_verdicts(self)
         out: dict[Bucket, str | None] = {}
         for kv in self.kv_blocks:
-            out[Bucket(DECODE, DecodeKey(kv))] = self._why_not_decode(self._per_seq_range(), self._kv_members(kv))
+            out[Bucket(DECODE, DecodeKey(kv))] = self._why_not_decode(self._per_seq_range(), self.kv_members(kv))
         for n in self.num_seqs:
             low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)
             for kv, needs_gather, store_out in itertools.product(self.kv_blocks, (False, True), (False, True)):
@@ -169,7 +223,7 @@ class SpyreAttnBucketer:
         """The naive full product of ladders and flags, before pruning."""
         return iter(sorted(self._verdicts))
 
-    def _kv_members(self, kv: int) -> range:
+    def kv_members(self, kv: int) -> range:
         return range(ladders.rung_below(self.kv_blocks, kv) + 1, kv + 1)
 
     def _per_seq_range(self) -> range:
@@ -196,7 +250,7 @@ class SpyreAttnBucketer:
         seqs = range(low + 1, n) if needs_gather else range(n, n + 1)
         if not seqs:
             return f"needs_gather needs fewer real seqs than {n}, but the rung below is {low}"
-        return self._why_not_decode(seqs, self._kv_members(kv))
+        return self._why_not_decode(seqs, self.kv_members(kv))
 
     def _why_not_prefill(self, tokens: int) -> str | None:
         costs = prefill_costs(self.limits, tokens // self.config.block_size)

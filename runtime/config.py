@@ -22,7 +22,22 @@ ENV_KV_BUCKETS = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED_DECODE = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
 ENV_BATCH_TKV = "SPYRE_MAX_BATCH_TKV_LIMIT"
-ENV_VARIABLES = (ENV_KV_BUCKETS, ENV_BATCHED_DECODE, ENV_BACKEND, ENV_BATCH_TKV)
+ENV_LAYOUT = "SPYRE_LAYOUT"
+ENV_BATCHED_TOKENS = "SPYRE_MAX_NUM_BATCHED_TOKENS"
+ENV_QUERY_BUCKETS = "SPYRE_ATTN_QUERY_BUCKETS"
+ENV_VARIABLES = (
+    ENV_KV_BUCKETS,
+    ENV_BATCHED_DECODE,
+    ENV_BACKEND,
+    ENV_BATCH_TKV,
+    ENV_LAYOUT,
+    ENV_BATCHED_TOKENS,
+    ENV_QUERY_BUCKETS,
+)
+LAYOUTS = ("padded", "ragged")
+# A step's token budget sizes the query staging buffers and the query ladder: far above any real
+# budget (vLLM's default is 2048 to 16384), and a ladder of at most 2048 rungs of 512.
+MAX_BATCHED_TOKENS = 1 << 20
 # Ladders and bucket enumeration grow linearly with the blocks of one sequence; this is far
 # above any real config (2048 at 131072 tokens of 64) and keeps `spyre-verify ladders` instant.
 MAX_BLOCKS_PER_SEQ = 8192
@@ -66,6 +81,12 @@ class RuntimeConfig:
     min_batched_seqs: int = 2
     # The most positions one decode step may attend, s * (tkv + 1); None: max_model_len * max_num_seqs.
     max_batch_tkv_limit: int | None = None
+    # DESIGN "The ragged layout": every sequence keeps its own length, prompts are prefilled in
+    # chunks under a per-step token budget, and one step mixes decodes with one chunk.
+    layout: str = "padded"
+    max_num_batched_tokens: int | None = None  # ragged only; None: max(min(max_model_len, 2048), max_num_seqs)
+    batched_decode_entries: int | None = None  # ragged only; None: 32
+    query_buckets: tuple[int, ...] | None = None  # ragged only: the query rungs above 1, in tokens
     backend: str = "inductor"
     device: str = "cpu"
     dtype: str = "float32"
@@ -100,6 +121,22 @@ class RuntimeConfig:
         """The volumetric limit in force: the configured one, else one that never binds."""
         return self.max_batch_tkv_limit or self.max_model_len * self.max_num_seqs
 
+    @property
+    def ragged(self) -> bool:
+        return self.layout == "ragged"
+
+    @property
+    def token_budget(self) -> int:
+        """Ragged: the tokens one step may compute (T), decodes and the chunk together."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(min(self.max_model_len, 2048), self.max_num_seqs)
+
+    @property
+    def decode_entries(self) -> int:
+        """Ragged: the batched kernel's target of block-table entries per chunk (E)."""
+        return 32 if self.batched_decode_entries is None else self.batched_decode_entries
+
     def with_(self, **changes: Any) -> RuntimeConfig:
         return replace(self, **changes)
 
@@ -117,6 +154,12 @@ class RuntimeConfig:
             kwargs["backend"] = parse_backend(env[ENV_BACKEND], ENV_BACKEND)
         if ENV_BATCH_TKV in env:
             kwargs["max_batch_tkv_limit"] = parse_count(env[ENV_BATCH_TKV], ENV_BATCH_TKV)
+        if ENV_LAYOUT in env:
+            kwargs["layout"] = parse_layout(env[ENV_LAYOUT], ENV_LAYOUT)
+        if ENV_BATCHED_TOKENS in env:
+            kwargs["max_num_batched_tokens"] = parse_count(env[ENV_BATCHED_TOKENS], ENV_BATCHED_TOKENS)
+        if ENV_QUERY_BUCKETS in env:
+            kwargs["query_buckets"] = parse_kv_buckets(env[ENV_QUERY_BUCKETS], ENV_QUERY_BUCKETS)
         return cls(**kwargs)
 
     def env_overrides(self) -> dict[str, str]:
@@ -130,6 +173,12 @@ class RuntimeConfig:
             out[ENV_BACKEND] = self.backend
         if self.max_batch_tkv_limit is not None:
             out[ENV_BATCH_TKV] = str(self.max_batch_tkv_limit)
+        if self.layout != RuntimeConfig.layout:
+            out[ENV_LAYOUT] = self.layout
+        if self.max_num_batched_tokens is not None:
+            out[ENV_BATCHED_TOKENS] = str(self.max_num_batched_tokens)
+        if self.query_buckets is not None:
+            out[ENV_QUERY_BUCKETS] = ",".join(str(b) for b in self.query_buckets)
         return out
 
 
@@ -159,6 +208,12 @@ def parse_flag(text: str, name: str) -> bool:
     raise ConfigError(f"{name}={text!r}: must be 0 or 1")
 
 
+def parse_layout(text: str, name: str = "layout") -> str:
+    if text.strip() in LAYOUTS:
+        return text.strip()
+    raise ConfigError(f"{name}={text!r}: unknown layout; choose one of {', '.join(LAYOUTS)}")
+
+
 def parse_backend(text: str, name: str = "backend") -> str:
     if text.strip() in BACKENDS:
         return text.strip()
@@ -185,7 +240,15 @@ def _top(c: RuntimeConfig) -> int:
 POSITIVE = "must be a positive integer"
 MODEL_DIMS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
 # Fields whose None means "unset" (the default): their rules judge only a value.
-OPTIONAL = ("num_blocks", "kv_buckets", "recompile_limit", "max_batch_tkv_limit")
+OPTIONAL = (
+    "num_blocks",
+    "kv_buckets",
+    "recompile_limit",
+    "max_batch_tkv_limit",
+    "max_num_batched_tokens",
+    "batched_decode_entries",
+    "query_buckets",
+)
 # In order: the first broken rule is the error, and a rule relies on the ones above it
 # (a count is checked before arithmetic on it, num_heads before hidden_size divides by it).
 # fmt: off
@@ -210,6 +273,18 @@ RULES: tuple[Rule, ...] = (
     ("recompile_limit", lambda v, c: _count(v), POSITIVE),
     ("max_batch_tkv_limit", lambda v, c: _count(v) and v < 10**MAX_DIGITS,
      f"{POSITIVE} of at most {MAX_DIGITS} digits, so that its env variable can carry it"),
+    ("layout", lambda v, c: v in LAYOUTS, f"unknown layout; choose one of {', '.join(LAYOUTS)}"),
+    ("max_batch_tkv_limit", lambda v, c: not c.ragged, "the volumetric limit is a padded-layout setting (the "
+     "ragged layout has no tkv); unset it or use layout=padded"),
+    *((f, lambda v, c: c.ragged, f"{what} is a ragged-layout setting; unset it or use layout=ragged")
+      for f, what in (("max_num_batched_tokens", "the step token budget"),
+                      ("batched_decode_entries", "the batched kernel's entry target"),
+                      ("query_buckets", "the query ladder"))),
+    ("max_num_batched_tokens", lambda v, c: _count(v) and v <= MAX_BATCHED_TOKENS,
+     f"{POSITIVE}, at most {MAX_BATCHED_TOKENS}"),
+    ("max_num_batched_tokens", lambda v, c: v >= c.max_num_seqs, "must be at least max_num_seqs={c.max_num_seqs}, "
+     "so that a step can give every running row one token and the prefill at least one"),
+    ("batched_decode_entries", lambda v, c: _count(v), POSITIVE),
     *((f"model.{d}", lambda v, c: _count(v), POSITIVE) for d in MODEL_DIMS),
     ("model.eos_token_id", lambda v, c: isinstance(v, int) and 0 <= v < c.model.vocab_size,
      "must be a token id in [0, vocab_size={c.model.vocab_size})"),
@@ -225,6 +300,17 @@ RULES: tuple[Rule, ...] = (
     ("kv_buckets", lambda v, c: list(v) == sorted(v), lambda v, c: f"must be increasing: write {_csv(sorted(v))}"),
     ("kv_buckets", lambda v, c: max(v) >= c.max_model_len,
      lambda v, c: f"top rung {max(v)} does not cover max_model_len={c.max_model_len}; add {_top(c)}"),
+    ("query_buckets", lambda v, c: isinstance(v, tuple) and v, "must be a non-empty tuple of token counts"),
+    ("query_buckets", lambda v, c: c.token_budget > 1, "max_num_batched_tokens=1 leaves the query ladder [1]: "
+     "there is no rung above 1 to set; unset it"),
+    ("query_buckets[]", lambda v, c: isinstance(v, int) and not isinstance(v, bool), "rung {v!r} is not an integer"),
+    ("query_buckets[]", lambda v, c: v > 1, "rung {v} must be above 1 (1 is always the bottom rung)"),
+    ("query_buckets[]", lambda v, c: v <= c.token_budget,
+     "rung {v} is above the step token budget max_num_batched_tokens={c.token_budget}"),
+    ("query_buckets[]", lambda v, c: (c.query_buckets or ()).count(v) == 1, "duplicate rung {v}"),
+    ("query_buckets", lambda v, c: list(v) == sorted(v), lambda v, c: f"must be increasing: write {_csv(sorted(v))}"),
+    ("query_buckets", lambda v, c: v[-1] == c.token_budget,
+     lambda v, c: f"top rung {v[-1]} must be the step token budget max_num_batched_tokens={c.token_budget}"),
     ("num_blocks", lambda v, c: _count(v) and v <= MAX_NUM_BLOCKS, f"{POSITIVE}, at most {MAX_NUM_BLOCKS}"),
     ("num_blocks", lambda v, c: v >= c.max_blocks_per_seq + 1,
      lambda v, c: f"too small to hold one max_model_len={c.max_model_len} request ({c.max_blocks_per_seq} blocks "
@@ -237,9 +323,20 @@ def _csv(v: object) -> str:  # a KV ladder as its env variable is written: '512,
     return repr(",".join(map(str, v)) if isinstance(v, (tuple, list)) else v)
 
 
+ENV_OF = {
+    "kv_buckets": ENV_KV_BUCKETS,
+    "query_buckets": ENV_QUERY_BUCKETS,
+    "layout": ENV_LAYOUT,
+    "max_num_batched_tokens": ENV_BATCHED_TOKENS,
+}
+
+
 def _named(field: str, value: object) -> str:
-    """How a refusal names its input: kv_buckets also by its env variable, written as the variable is."""
-    return f"kv_buckets ({ENV_KV_BUCKETS})={_csv(value)}" if field == "kv_buckets" else f"{field}={value!r}"
+    """How a refusal names its input: a field an env variable sets also by that variable; a ladder
+    written as its variable is."""
+    env = f" ({ENV_OF[field]})" if field in ENV_OF else ""
+    shown = _csv(value) if field in ("kv_buckets", "query_buckets") else repr(value)
+    return f"{field}{env}={shown}"
 
 
 def validate(c: RuntimeConfig) -> None:

@@ -47,3 +47,18 @@ def num_seqs_ladder(max_num_seqs: int, min_batched_seqs: int) -> tuple[int, ...]
 
 def prefill_ladder(block_size: int, max_model_len: int) -> tuple[int, ...]:
     return tuple(block_size * t for t in range(1, math.ceil(max_model_len / block_size) + 1))
+
+
+def query_ladder(token_budget: int, rungs_above_one: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Ragged: 1, then the multiples of min(512, T) below T, then T; or 1 and the override's rungs."""
+    if rungs_above_one is not None:
+        return (1, *rungs_above_one)
+    step = min(512, token_budget)
+    return tuple(sorted({1, *range(step, token_budget, step), token_budget}))
+
+
+def chunked_shape(seqs_rung: int, kv_rung: int, entries: int) -> tuple[int, int]:
+    """Ragged batched decode: (blocks_per_chunk, num_chunks) for a seqs rung and a KV rung, aiming at
+    `entries` table entries per chunk across the rows."""
+    per_chunk = max(1, min(entries // seqs_rung, kv_rung))
+    return per_chunk, -(-kv_rung // per_chunk)

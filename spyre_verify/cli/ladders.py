@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from runtime.bucketer import KERNELS, SpyreAttnBucketer
+from runtime.bucketer import SpyreAttnBucketer
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, resolve_name, settings_for
 
@@ -25,14 +25,17 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
         "max_model_len": c.max_model_len,
         "max_num_seqs": c.max_num_seqs,
         "env_overrides": c.env_overrides(),
-        "kv_blocks": list(b.kv_blocks),
-        "num_seqs": list(b.num_seqs),
-        "prefill_tokens": list(b.prefill_tokens),
+        "layout": c.layout,
+        **{name: list(ladder) for name, ladder in b.ladders().items()},
         "num_blocks": c.total_blocks,
         "usable_blocks": c.usable_blocks,
-        "max_batch_tkv_limit": c.batch_tkv_limit,
-        "buckets": {k: [list(x.key.values()) for x in b.buckets(k)] for k in KERNELS},
-        "counts": {k: len(b.buckets(k)) for k in KERNELS},
+        **(
+            {"max_num_batched_tokens": c.token_budget, "batched_decode_entries": c.decode_entries}
+            if c.ragged
+            else {"max_batch_tkv_limit": c.batch_tkv_limit}
+        ),
+        "buckets": {k: [list(x.key.values()) for x in b.buckets(k)] for k in b.kernels},
+        "counts": {k: len(b.buckets(k)) for k in b.kernels},
         # `rule` is a short code for the reason: disabled, flags, gather, pool, volume or unreachable.
         "pruned": [
             {"kernel": p.bucket.kernel, "key": list(p.bucket.key.values()), "rule": p.rule, "reason": p.reason}
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         )
     for name, ladder in b.ladders().items():
         print(f"{name:>15}: {list(ladder)}")
-    for k in KERNELS:
+    for k in b.kernels:
         keys = " ".join(str(x.key).replace(" ", "") for x in b.buckets(k))
         print(f"{k:>15}: {len(b.buckets(k))} buckets  {keys}")
     pruned = b.pruned()

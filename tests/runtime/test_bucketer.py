@@ -32,7 +32,7 @@ def bucketer(**kwargs: object) -> SpyreAttnBucketer:
 
 def test_default_config_counts() -> None:
     b = bucketer()
-    assert {k: len(b.buckets(k)) for k in KERNELS} == {DECODE: 6, BATCHED: 30, PREFILL: 32}
+    assert {k: len(b.buckets(k)) for k in b.kernels} == {DECODE: 6, BATCHED: 30, PREFILL: 32}
     assert [x.key.values() for x in b.buckets(DECODE)] == [(1,), (2,), (4,), (8,), (16,), (32,)]
     assert [x.key.values()[0] for x in b.buckets(PREFILL)] == [64 * t for t in range(1, 33)]
 
