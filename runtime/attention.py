@@ -64,3 +64,52 @@ def make_prefill(mask_padding: bool = True):
         return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
 
     return prefill_attention
+
+
+# Ragged layout. A masked score is a large negative number, not -inf: a chunk of the batched
+# kernel can be wholly masked, and its max must stay finite for the chunks to combine.
+MASKED = -1e30
+
+
+def make_attend(mask_padding: bool = True):
+    def ragged_attention(q, k_cache, v_cache, block_table, start, query_len):
+        """Per-sequence ragged call: q [Q,H,D], query i at position start + i attends [0, start + i];
+        block_table [K]. Decodes (one real query) and prefill chunks alike."""
+        (nq, heads, dim), kb, bs = q.shape, block_table.shape[0], v_cache.shape[3]
+        k = k_cache[block_table].permute(0, 2, 4, 1, 3).reshape(kb * bs, heads, dim)
+        v = v_cache[block_table].permute(0, 3, 1, 2, 4).reshape(kb * bs, heads, dim)
+        pos, qpos = torch.arange(kb * bs, device=q.device), start + torch.arange(nq, device=q.device)
+        keep = pos[None, :] <= qpos[:, None]
+        if not mask_padding:  # the table's padding (past the real end) leaks into the softmax
+            keep = keep | (pos[None, :] >= start + query_len)
+        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(dim)
+        scores = scores.masked_fill(~keep[None], MASKED)
+        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+    return ragged_attention
+
+
+def make_chunked(mask_padding: bool = True):
+    def chunked_decode_attention(q, k_cache, v_cache, block_table, seq_lens):
+        """Ragged batched decode: q [N,H,D], block_table [N, C, B] walked as C chunks of B blocks,
+        row n attending positions [0, seq_lens[n]). Each chunk's softmax is summed on its own
+        (split-KV), then the chunks are combined."""
+        (n, nc, bpc), (heads, dim), bs = block_table.shape, q.shape[1:], v_cache.shape[3]
+        pos = torch.arange(nc * bpc * bs, device=q.device).reshape(1, nc, bpc, 1, bs)
+        keep = pos < seq_lens.reshape(n, 1, 1, 1, 1)
+        if not mask_padding:
+            keep = torch.ones_like(keep)
+        qs = q.float() * (1.0 / math.sqrt(dim))
+        k = k_cache[block_table].float()  # [N, C, B, H, bs/lk, D, lk]
+        scores = (qs[:, None, None, :, None, :, None] * k).sum(dim=5).reshape(n, nc, bpc, heads, bs)
+        scores = scores.masked_fill(~keep, MASKED)
+        top = scores.amax(dim=(2, 4), keepdim=True)  # per chunk
+        e = (scores - top).exp()
+        v = v_cache[block_table].float()  # [N, C, B, H, D/lv, bs, lv]
+        part = (e[:, :, :, :, None, :, None] * v).sum(dim=5).sum(dim=2).reshape(n, nc, heads, dim)
+        mass = e.sum(dim=(2, 4))  # [N, C, H]
+        scale = (top.reshape(n, nc, heads) - top.amax(dim=1).reshape(n, 1, heads)).exp()
+        out = (part * scale[..., None]).sum(dim=1) / (mass * scale).sum(dim=1)[..., None]
+        return out.to(q.dtype)
+
+    return chunked_decode_attention

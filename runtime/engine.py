@@ -16,6 +16,9 @@ from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata
 from runtime.model import TinyTransformer
 from runtime.paged_attention import PagedAttention
+from runtime.ragged_attention import RaggedAttention
+from runtime.ragged_metadata import AttendMetadata, RaggedBuilder
+from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.scheduler import Request, Scheduler, StepPlan
 from runtime.warmup import Seams, WarmupRecorder
 
@@ -48,9 +51,17 @@ class Engine:
         self.events = ev.EventBus()
         self.bucketer = SpyreAttnBucketer(config)
         self.pool = BlockPool(config.total_blocks)
-        self.builder = MetadataBuilder(self.bucketer)
-        self.scheduler = Scheduler(config, self.pool, self.builder)
-        self.attention = PagedAttention(config, self.bucketer, self.events, wrap_backend)
+        self.builder: MetadataBuilder | RaggedBuilder
+        self.scheduler: Scheduler | RaggedScheduler
+        self.attention: PagedAttention | RaggedAttention
+        if config.ragged:
+            self.builder = RaggedBuilder(self.bucketer)
+            self.scheduler = RaggedScheduler(config, self.pool, self.builder)
+            self.attention = RaggedAttention(config, self.bucketer, self.events, wrap_backend)
+        else:
+            self.builder = MetadataBuilder(self.bucketer)
+            self.scheduler = Scheduler(config, self.pool, self.builder)
+            self.attention = PagedAttention(config, self.bucketer, self.events, wrap_backend)
         self.recorder = WarmupRecorder(self.bucketer, self.attention, seams)
         self.model = model or TinyTransformer(config)
         self.steps = 0
@@ -101,7 +112,7 @@ class Engine:
         self._ended("abort", None, [self.scheduler.abort(request_id)])
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return bool(self.scheduler.waiting or self.scheduler.in_flight())
 
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, list[int]]:
         for _ in range(max_steps):
@@ -117,12 +128,17 @@ class Engine:
         if plan is None:
             assert not sched.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
-        self._emit_batch(plan)
-        tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
+        if isinstance(plan, RaggedPlan):
+            self._emit_ragged(plan)
+            tokens = self._run_ragged(plan)
+        else:
+            self._emit_batch(plan)
+            tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
         done = sched.postprocess(tokens)
         finished = tuple(r.request_id for r in done)
         if self.events.wants("step"):
-            self.events.emit("step", ev.StepEvent(self.steps, plan.kind, plan.bucket, finished))
+            buckets = plan.buckets if isinstance(plan, RaggedPlan) else (plan.bucket,)
+            self.events.emit("step", ev.StepEvent(self.steps, plan.kind, plan.bucket, finished, buckets))
         self._ended(plan.kind, plan.admission.request_id if plan.admission else None, done)
         self.steps += 1
         return StepResult(plan.kind, plan.bucket, finished)
@@ -133,13 +149,34 @@ class Engine:
         if bus.wants("state"):
             waiting, rows = sched.waiting_ids, sched.row_states()
             finished = tuple([r.request_id for r in done]) if done else ()
-            state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, self.pool.num_free)
+            prefill = sched.prefill_state() if isinstance(sched, RaggedScheduler) else None
+            free = self.pool.num_free
+            state = ev.StateEvent(self.steps, kind, admitted, sched.tkv, rows, waiting, finished, free, prefill)
             bus.emit("state", state)
         for r in done:
             assert r.finish_reason is not None
             self.finished[r.request_id] = ev.Finished(r.request_id, tuple(r.output), r.finish_reason)
             if bus.wants("finish"):
                 bus.emit("finish", ev.FinishEvent(r.request_id, r.finish_reason, tuple(r.output), self.steps))
+
+    @torch.no_grad()
+    def _run_ragged(self, plan: RaggedPlan) -> list[int]:
+        """Every call of a ragged step over one forward pass: the decoding rows' tokens, then the chunk's."""
+        attention, dev = self.attention, self.config.device
+        assert isinstance(attention, RaggedAttention)
+        slots = torch.tensor([s for call in plan.calls for s in call.slots], dtype=torch.long, device=dev)
+        x = self.model.embed(torch.tensor(plan.inputs, device=dev), torch.tensor(plan.positions, device=dev))
+        for layer in range(len(self.model.layers)):
+            q, k, v = self.model.qkv(layer, x)
+            attention.write_kv(layer, slots, k, v)
+            outs, at = [], 0
+            for call in plan.calls:
+                n = call.query_len if isinstance(call, AttendMetadata) else call.num_seqs
+                outs.append(attention.run(layer, call, q[at : at + n]))
+                at += n
+            x = self.model.finish_layer(layer, x, torch.cat(outs))
+        rows = list(range(len(plan.decodes))) + ([x.shape[0] - 1] if plan.completes else [])
+        return self._pick(plan.token_rows, self.model.logits(x[rows]))
 
     @torch.no_grad()
     def _run_prefill(self, plan: StepPlan) -> list[int]:
@@ -154,24 +191,25 @@ class Engine:
     @torch.no_grad()
     def _run_decode(self, plan: StepPlan) -> list[int]:
         md = plan.metadata
-        assert isinstance(md, DecodeMetadata)
+        assert isinstance(md, DecodeMetadata) and isinstance(self.attention, PagedAttention)
         self.attention.stage_decode(md)
         x = self._forward(md, list(plan.inputs), [r.num_cached for r in plan.rows])
         return self._pick(md.request_ids, self.model.logits(x))
 
     def _forward(self, md: PrefillMetadata | DecodeMetadata, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """The model's layers around paged attention; only real tokens' K and V are cached."""
-        dev = self.config.device
+        dev, attention = self.config.device, self.attention
+        assert isinstance(attention, PagedAttention)
         slots = torch.tensor(md.slots, dtype=torch.long, device=dev)
         real = slice(md.left_pad, md.tkv) if isinstance(md, PrefillMetadata) else slice(None)
         x = self.model.embed(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev))
         for layer in range(len(self.model.layers)):
             q, k, v = self.model.qkv(layer, x)
-            self.attention.write_kv(layer, slots, k[real], v[real])
+            attention.write_kv(layer, slots, k[real], v[real])
             if isinstance(md, PrefillMetadata):
-                attn = self.attention.prefill(layer, md, q, k, v)
+                attn = attention.prefill(layer, md, q, k, v)
             else:
-                attn = self.attention.decode(layer, md, q)
+                attn = attention.decode(layer, md, q)
             x = self.model.finish_layer(layer, x, attn)
         return x
 
@@ -182,6 +220,33 @@ class Engine:
             if self.events.wants("token"):
                 self.events.emit("token", TokenEvent(rid, t, row.detach().clone(), self.steps))
         return tokens
+
+    def _emit_ragged(self, plan: RaggedPlan) -> None:
+        """A ragged step's dispatches and block tables (one each per call), then its KV writes."""
+        bus, step, owners = self.events, self.steps, self.pool.owners
+        for call in plan.calls:
+            rids: tuple[str, ...]
+            lens: tuple[int, ...]
+            qlens: tuple[int, ...]
+            table: tuple[tuple[int, ...], ...]
+            if isinstance(call, AttendMetadata):
+                rids, lens, qlens, table = (call.request_id,), (call.seq_len,), (call.query_len,), (call.block_table,)
+            else:
+                rids, lens, qlens, table = call.request_ids, call.seq_lens, (1,) * call.num_seqs, call.block_table
+            bucket, kernel, pads = call.bucket, call.bucket.kernel, (0,) * len(rids)
+            if bus.wants("dispatch"):
+                phase = self.attention.runners[kernel].phase
+                batch = ev.BatchInfo(rids, lens, pads, 0, qlens)
+                bus.emit("dispatch", ev.DispatchEvent(kernel, bucket, batch, phase, step))
+            if bus.wants("block_table"):
+                args = (rids, pads, lens, 0, table, owners, self.pool.num_blocks, NULL_BLOCK, qlens)
+                bus.emit("block_table", ev.BlockTableEvent(kernel, bucket, step, *args))
+        if bus.wants("kv_write"):
+            slots = tuple(s for call in plan.calls for s in call.slots)
+            writers = tuple(s.request_id for s in plan.decodes)
+            if plan.chunk is not None:
+                writers += (plan.chunk.request_id,) * plan.chunk.query_len
+            bus.emit("kv_write", ev.KVWriteEvent(step, slots, writers, owners))
 
     def _emit_batch(self, plan: StepPlan) -> None:
         """A planned step's dispatch, block table and KV writes (one event each), before its kernels run."""

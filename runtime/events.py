@@ -24,12 +24,16 @@ class BatchInfo:
     seq_lens: tuple[int, ...]
     left_pads: tuple[int, ...]
     tkv: int
+    # Ragged layout: each row's real query tokens, ending at its seq_len (left_pads are 0, tkv is 0).
+    query_lens: tuple[int, ...] = ()
 
     @property
     def num_seqs(self) -> int:
         return len(self.request_ids)
 
     def describe(self) -> str:
+        if self.query_lens:
+            return f"{self.num_seqs} seqs, seq_lens={list(self.seq_lens)}, query_lens={list(self.query_lens)}"
         return f"{self.num_seqs} seqs, tkv={self.tkv}, seq_lens={list(self.seq_lens)}, left_pads={list(self.left_pads)}"
 
 
@@ -81,6 +85,7 @@ class BlockTableEvent:
     owners: Mapping[int, str]  # the pool's, live and read-only: read it in the handler, copy it to keep it
     num_blocks: int
     null_block: int
+    query_lens: tuple[int, ...] = ()  # ragged layout, as BatchInfo's
 
 
 @dataclass(slots=True)
@@ -128,8 +133,9 @@ class StepEvent:
 
     step: int
     kind: str
-    bucket: Bucket
+    bucket: Bucket  # the step's first call's
     finished: tuple[str, ...]
+    buckets: tuple[Bucket, ...] = ()  # every call's, in dispatch order (ragged steps make several)
 
 
 @dataclass(slots=True)
@@ -145,6 +151,17 @@ class RowState:
 
 
 @dataclass(slots=True)
+class PrefillState:
+    """Ragged layout: the request whose prompt is being prefilled in chunks, after a step."""
+
+    request_id: str
+    computed: int  # prompt tokens whose KV is cached (c)
+    prompt_len: int
+    blocks: tuple[int, ...]
+    reserved: int
+
+
+@dataclass(slots=True)
 class StateEvent:
     """The batch after a step (or after an abort): what a contract model is compared with."""
 
@@ -156,6 +173,7 @@ class StateEvent:
     waiting: Sequence[str]  # the queue's ids, live as `owners` is: read it in the handler, copy it to keep it
     finished: tuple[str, ...]
     free_blocks: int
+    prefill: PrefillState | None = None  # ragged layout: the prompt being prefilled, if any
 
 
 class EventBus:

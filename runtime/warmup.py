@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from runtime.bucketer import KERNELS, Bucket, SpyreAttnBucketer
 from runtime.events import WARMUP, CompileEvent
 from runtime.paged_attention import PagedAttention
+from runtime.ragged_attention import RaggedAttention
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def warm_plan(bucketer: SpyreAttnBucketer, seams: Seams = Seams()) -> list[Bucke
 
 
 class WarmupRecorder:
-    def __init__(self, bucketer: SpyreAttnBucketer, attention: PagedAttention, seams: Seams = Seams()) -> None:
+    def __init__(self, bucketer: SpyreAttnBucketer, attention: PagedAttention | RaggedAttention, seams: Seams = Seams()) -> None:
         self.bucketer = bucketer
         self.attention = attention
         self.seams = seams

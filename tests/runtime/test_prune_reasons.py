@@ -106,4 +106,4 @@ def test_a_bucket_whose_key_is_not_its_kernels_is_refused_by_name() -> None:
     assert str(e.value) == "a 'decode' bucket takes a <class 'runtime.bucketer.DecodeKey'>, got PrefillKey(tokens=8)"
     with pytest.raises(ValueError) as v:
         Bucket.parse("gemm", [1])
-    assert str(v.value) == "unknown kernel 'gemm': one of decode, batched, prefill"
+    assert str(v.value) == "unknown kernel 'gemm': one of decode, batched, prefill, attend, chunked"

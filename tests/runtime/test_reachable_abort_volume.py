@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runtime.bucketer import BATCHED, DECODE, KERNELS, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
 from runtime.config import ENV_BATCH_TKV, RuntimeConfig
 from runtime.reachability import Limits, decode_costs, prefill_costs
 from spyre_verify.cli.main import main
@@ -216,5 +216,5 @@ def test_acceptance_aborts_warm_decode_below_one_block(
     payload = ladders_json(capsys, "--block-size", "2", "--max-model-len", "8", "--max-num-seqs", "3")
     buckets = payload["buckets"]
     assert [1] in buckets["decode"] and [2, 1, False, True] in buckets["batched"]
-    warm = {Bucket.parse(k, v) for k in KERNELS for v in buckets[k]}
+    warm = {Bucket.parse(k, v) for k in buckets for v in buckets[k]}
     assert warm == reachable(ABORT_ONLY).buckets

@@ -1,0 +1,173 @@
+"""Ragged layout: the scheduler. Every sequence keeps its own length; a prompt is prefilled in
+chunks under the step's token budget T, and one step runs every running row's decode, then at
+most one chunk. The rules are DESIGN's "The ragged layout, precisely".
+
+As for the padded layout, a step is `schedule()`, the kernels, then `postprocess(tokens)`, and
+tensor-free callers drive the same two calls with stand-in tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.block_pool import BlockPool
+from runtime.bucketer import Bucket
+from runtime.config import RuntimeConfig
+from runtime.events import PrefillState, RowState
+from runtime.ragged_metadata import Call, RaggedBuilder, RaggedSeq
+from runtime.requests import Request, RequestQueue
+from runtime.scheduler import Admission
+
+
+@dataclass(frozen=True)
+class RaggedPlan:
+    """One ragged step, decided and laid out, with no tensors."""
+
+    kind: str  # "decode", "prefill" (a chunk alone) or "mixed" (decodes and a chunk)
+    calls: tuple[Call, ...]  # in dispatch order: the decodes, then the chunk
+    decodes: tuple[RaggedSeq, ...]  # the running rows, each decoding one token
+    chunk: RaggedSeq | None  # the prefill chunk, if a request is prefilling
+    completes: bool  # the chunk ends its prompt, so its last query yields the first token
+    inputs: tuple[int, ...]  # each row's newest token, then the chunk's prompt tokens
+    admission: Admission | None = None  # the request admitted this step, with its reservation
+
+    @property
+    def bucket(self) -> Bucket:
+        return self.calls[0].bucket
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        return tuple(c.bucket for c in self.calls)
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(p for s in (*self.decodes, *((self.chunk,) if self.chunk else ())) for p in range(s.start, s.end))
+
+    @property
+    def token_rows(self) -> tuple[str, ...]:
+        """The requests that get a token back, in order: every decoding row, then a completed chunk's."""
+        done = (self.chunk.request_id,) if self.chunk is not None and self.completes else ()
+        return tuple(s.request_id for s in self.decodes) + done
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return self.token_rows
+
+
+class RaggedScheduler(RequestQueue):
+    tkv = 0  # the ragged layout has none; state events carry 0
+
+    def __init__(self, config: RuntimeConfig, pool: BlockPool, builder: RaggedBuilder) -> None:
+        super().__init__(config, pool)
+        self.builder = builder
+        self.budget = config.token_budget
+        self.prefilling: Request | None = None
+        self._plan: RaggedPlan | None = None
+
+    def fit_problem(self, tokens: tuple[int, ...], max_tokens: int) -> str | None:
+        if len(tokens) + max_tokens > self.config.max_model_len:
+            return (
+                f"request can never fit: prompt of {len(tokens)} tokens plus max_tokens={max_tokens} exceeds "
+                f"max_model_len={self.config.max_model_len}"
+            )
+        return None
+
+    def in_flight(self) -> tuple[Request, ...]:
+        return (*self.running, *((self.prefilling,) if self.prefilling else ()))
+
+    def schedule(self) -> RaggedPlan | None:
+        """The next step, laid out; None when nothing is admitted and nothing can be. A plan whose
+        kernels raised is handed out again, as for the padded layout."""
+        if self._plan is not None:
+            return self._plan
+        adm = self.next_admission() if self.prefilling is None else None
+        if adm is not None:
+            self._admit(adm)
+        if not self.running and self.prefilling is None:
+            return None
+        decodes = []
+        for r in self.running:
+            self._grow(r, r.num_cached + 1)
+            decodes.append(RaggedSeq(r.request_id, tuple(r.blocks), r.num_cached, 1))
+        inputs = [r.output[-1] for r in self.running]
+        chunk, completes = None, False
+        if (pf := self.prefilling) is not None:
+            r = pf
+            q = min(len(r.prompt) - r.computed, self.budget - len(self.running))
+            assert q >= 1, "a prefilling request holds a slot, so the budget always leaves it a token"
+            self._grow(r, r.computed + q)
+            chunk, completes = RaggedSeq(r.request_id, tuple(r.blocks), r.computed, q), r.computed + q == len(r.prompt)
+            inputs += r.prompt[r.computed : r.computed + q]
+        kind = "mixed" if decodes and chunk else "decode" if decodes else "prefill"
+        calls = self.builder.build_step(decodes, chunk)
+        self._plan = RaggedPlan(kind, calls, tuple(decodes), chunk, completes, tuple(inputs), adm)
+        return self._plan
+
+    def postprocess(self, tokens: list[int]) -> list[Request]:
+        """Apply the scheduled step's tokens (one per `token_rows`): record them, move a completed
+        prompt to the end of the running rows, finish and free what is done."""
+        plan, self._plan = self._plan, None
+        assert plan is not None, "postprocess follows schedule"
+        assert len(tokens) == len(plan.token_rows), f"{len(tokens)} tokens for {len(plan.token_rows)} rows"
+        rows = list(self.running)
+        done = []
+        for r, t in zip(rows, tokens, strict=False):
+            r.output.append(t)
+            if (reason := self.finish_reason(r)) is not None:
+                self._end(r, reason)
+                done.append(r)
+        if plan.chunk is not None and (pf := self.prefilling) is not None:
+            r = pf
+            r.computed += plan.chunk.query_len
+            if plan.completes:
+                self.prefilling = None
+                self.running.append(r)
+                r.output.append(tokens[-1])
+                if (reason := self.finish_reason(r)) is not None:
+                    self._end(r, reason)
+                    done.append(r)
+        return done
+
+    def next_admission(self) -> Admission | None:
+        """The head of the queue, if it can start prefilling now (arrival order: nobody overtakes it)."""
+        if self.prefilling is not None or not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return None
+        req = self.waiting[0]
+        need = -(-(len(req.prompt) + req.max_tokens - 1) // self.bs)
+        return Admission(req, 0, 0, need) if self.pool.can_reserve(need) else None
+
+    def _admit(self, adm: Admission) -> None:
+        req = self.waiting.popleft()
+        assert req is adm.request
+        self.pool.reserve(req.request_id, adm.reservation)
+        req.computed = 0
+        self.prefilling = req
+
+    def _grow(self, r: Request, positions: int) -> None:
+        """Give `r` the blocks its positions 0 .. positions - 1 land in, from its reservation."""
+        need = -(-positions // self.bs) - len(r.blocks)
+        if need > 0:
+            r.blocks += self.pool.allocate(r.request_id, need)
+
+    def _end(self, r: Request, reason: str) -> None:
+        if r is self.prefilling:  # an aborted prefill frees the slot for the next step's admission
+            self.prefilling = None
+            self.running.append(r)
+        super()._end(r, reason)
+
+    def row_states(self) -> tuple[RowState, ...]:
+        rows = [(r, self.pool.reserved(r.request_id)) for r in self.running]
+        return tuple([RowState(r.request_id, 0, tuple(r.blocks), r.num_cached, len(r.output), n) for r, n in rows])
+
+    def prefill_state(self) -> PrefillState | None:
+        r = self.prefilling
+        if r is None:
+            return None
+        return PrefillState(r.request_id, r.computed, len(r.prompt), tuple(r.blocks), self.pool.reserved(r.request_id))
+
+    def snapshot(self) -> tuple[object, ...]:
+        """Everything a bad request must leave untouched."""
+        rows = tuple((r.request_id, tuple(r.blocks), tuple(r.output)) for r in self.running)
+        waiting = tuple(r.request_id for r in self.waiting)
+        pf = self.prefill_state()
+        return (rows, pf, waiting, self.pool.snapshot(), self._next_id, frozenset(self._ids))
