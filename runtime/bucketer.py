@@ -6,100 +6,52 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 from runtime import ladders
 from runtime.config import RuntimeConfig
+from runtime.keys import (
+    ATTEND,
+    BATCHED,
+    CHUNKED,
+    DECODE,
+    KERNELS,
+    KEY_TYPES,
+    PADDED_KERNELS,
+    PREFILL,
+    RAGGED_KERNELS,
+    AttendKey,
+    BatchedKey,
+    Bucket,
+    ChunkedKey,
+    DecodeKey,
+    Key,
+    PrefillKey,
+)
+from runtime.ragged_buckets import ragged_verdicts
 from runtime.reachability import Cost, Limits, decode_costs, prefill_costs
 
-DECODE = "decode"
-BATCHED = "batched"
-PREFILL = "prefill"
-ATTEND = "attend"  # ragged: the per-sequence kernel, decodes and prefill chunks alike
-CHUNKED = "chunked"  # ragged: the batched decode kernel, its blocks walked in chunks
-PADDED_KERNELS = (DECODE, BATCHED, PREFILL)
-RAGGED_KERNELS = (ATTEND, CHUNKED)
-KERNELS = PADDED_KERNELS + RAGGED_KERNELS
-
-
-class _Key:
-    """A bucket key prints as the tuple of its fields, as reports and messages always showed it."""
-
-    def __str__(self) -> str:
-        return str(astuple(self))  # type: ignore[call-overload]  # every subclass is a dataclass
-
-    def values(self) -> tuple[int | bool, ...]:
-        return tuple(astuple(self))  # type: ignore[call-overload]
-
-
-@dataclass(frozen=True, order=True)
-class DecodeKey(_Key):
-    kv_blocks: int
-
-
-@dataclass(frozen=True, order=True)
-class BatchedKey(_Key):
-    num_seqs: int
-    kv_blocks: int
-    needs_gather: bool  # fewer real rows than num_seqs: the kernel gathers them
-    store_out: bool  # every row real: the kernel writes its output in place
-
-
-@dataclass(frozen=True, order=True)
-class PrefillKey(_Key):
-    tokens: int
-
-
-@dataclass(frozen=True, order=True)
-class AttendKey(_Key):
-    kv_blocks: int
-    query_len: int  # the query rung: 1 for a decode, any rung for a prefill chunk
-
-
-@dataclass(frozen=True, order=True)
-class ChunkedKey(_Key):
-    num_seqs: int
-    blocks_per_chunk: int
-    num_chunks: int
-
-
-Key = DecodeKey | BatchedKey | PrefillKey | AttendKey | ChunkedKey
-KEY_TYPES: dict[str, type[Key]] = {
-    DECODE: DecodeKey,
-    BATCHED: BatchedKey,
-    PREFILL: PrefillKey,
-    ATTEND: AttendKey,
-    CHUNKED: ChunkedKey,
-}
-
-
-@dataclass(frozen=True, order=True)
-class Bucket:
-    kernel: str
-    key: Key
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if type(self.key) is not KEY_TYPES.get(self.kernel):
-            raise TypeError(f"a {self.kernel!r} bucket takes a {KEY_TYPES.get(self.kernel)}, got {self.key!r}")
-        # Hashed once: every step looks its bucket up several times. Ints only (the kernel by its
-        # index), so the hash is the same in every process and a pickled bucket keeps a valid one.
-        object.__setattr__(self, "_hash", hash((KERNELS.index(self.kernel), self.key)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __str__(self) -> str:
-        return f"{self.kernel}{self.key}"
-
-    @staticmethod
-    def parse(kernel: str, values: list[int | bool] | tuple[int | bool, ...]) -> Bucket:
-        """A bucket from its JSON form: the kernel and its key's fields in order."""
-        if kernel not in KEY_TYPES:
-            raise ValueError(f"unknown kernel {kernel!r}: one of {', '.join(KEY_TYPES)}")
-        return Bucket(kernel, KEY_TYPES[kernel](*values))
-
+__all__ = [
+    "ATTEND",
+    "BATCHED",
+    "CHUNKED",
+    "DECODE",
+    "KERNELS",
+    "KEY_TYPES",
+    "PADDED_KERNELS",
+    "PREFILL",
+    "RAGGED_KERNELS",
+    "AttendKey",
+    "BatchedKey",
+    "Bucket",
+    "ChunkedKey",
+    "DecodeKey",
+    "Key",
+    "PrefillKey",
+    "Pruned",
+    "SpyreAttnBucketer",
+]
 
 # A reason's rule, by how the reason starts; any other reason: no batch state reaches it at all.
 RULES = {"volume": "volume", "pool": "pool", "batched": "disabled", "flags": "flags", "needs_gather": "gather"}
@@ -194,8 +146,6 @@ class SpyreAttnBucketer:
     def _verdicts(self) -> dict[Bucket, str | None]:
         """Every candidate bucket mapped to None (reachable) or the reason it is pruned."""
         if self.config.ragged:
-            from runtime.ragged_buckets import ragged_verdicts  # it builds this module's keys
-
             return ragged_verdicts(self)
         out: dict[Bucket, str | None] = {}
         for kv in self.kv_blocks:

@@ -8,33 +8,32 @@ every ConfigError reads the same way: `field=value: the rule it broke`.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-from runtime.errors import ConfigError
-
-BACKENDS = ("eager", "aot_eager", "inductor")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
-ENV_KV_BUCKETS = "SPYRE_ATTN_KV_BUCKETS"
-ENV_BATCHED_DECODE = "SPYRE_BATCHED_DECODE"
-ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
-ENV_BATCH_TKV = "SPYRE_MAX_BATCH_TKV_LIMIT"
-ENV_LAYOUT = "SPYRE_LAYOUT"
-ENV_BATCHED_TOKENS = "SPYRE_MAX_NUM_BATCHED_TOKENS"
-ENV_QUERY_BUCKETS = "SPYRE_ATTN_QUERY_BUCKETS"
-ENV_VARIABLES = (
-    ENV_KV_BUCKETS,
-    ENV_BATCHED_DECODE,
+from runtime.env import (
+    BACKENDS,
     ENV_BACKEND,
     ENV_BATCH_TKV,
-    ENV_LAYOUT,
+    ENV_BATCHED_DECODE,
     ENV_BATCHED_TOKENS,
+    ENV_KV_BUCKETS,
+    ENV_LAYOUT,
     ENV_QUERY_BUCKETS,
+    ENV_VARIABLES,
+    LAYOUTS,
+    MAX_DIGITS,
+    parse_backend,
+    parse_count,
+    parse_flag,
+    parse_kv_buckets,
+    parse_layout,
 )
-LAYOUTS = ("padded", "ragged")
+from runtime.errors import ConfigError
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
 # A step's token budget sizes the query staging buffers and the query ladder: far above any real
 # budget (vLLM's default is 2048 to 16384), and a ladder of at most 2048 rungs of 512.
 MAX_BATCHED_TOKENS = 1 << 20
@@ -45,8 +44,6 @@ MAX_BLOCKS_PER_SEQ = 8192
 # with a clear message instead of an out-of-memory kill.
 MAX_NUM_SEQS = 4096
 MAX_NUM_BLOCKS = 1 << 22
-# Digits of an env token length: past any real value, far below int()'s 4300-digit limit.
-MAX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -180,44 +177,6 @@ class RuntimeConfig:
         if self.query_buckets is not None:
             out[ENV_QUERY_BUCKETS] = ",".join(str(b) for b in self.query_buckets)
         return out
-
-
-def parse_kv_buckets(text: str, name: str = ENV_KV_BUCKETS) -> tuple[int, ...]:
-    """Parse a comma-separated list of token lengths; shape rules are checked later."""
-    parts = [p.strip() for p in text.split(",")]
-    if "" in parts:
-        raise ConfigError(f"{name}={text!r}: empty bucket; give comma-separated token lengths like '64,128,2048'")
-    for p in parts:
-        if not re.fullmatch("-?[0-9]+", p):
-            raise ConfigError(f"{name}={text!r}: bucket {p!r} is not an integer; give token lengths like '64,128'")
-        if len(p.lstrip("-")) > MAX_DIGITS:
-            raise ConfigError(f"{name}: bucket {p[:24]!r}... has more than {MAX_DIGITS} digits")
-    return tuple(int(p) for p in parts)
-
-
-def parse_count(text: str, name: str) -> int:
-    t = text.strip()
-    if re.fullmatch(f"[0-9]{{1,{MAX_DIGITS}}}", t) and int(t) >= 1:
-        return int(t)
-    raise ConfigError(f"{name}={text!r}: must be a positive integer")
-
-
-def parse_flag(text: str, name: str) -> bool:
-    if text.strip() in ("0", "1"):
-        return text.strip() == "1"
-    raise ConfigError(f"{name}={text!r}: must be 0 or 1")
-
-
-def parse_layout(text: str, name: str = "layout") -> str:
-    if text.strip() in LAYOUTS:
-        return text.strip()
-    raise ConfigError(f"{name}={text!r}: unknown layout; choose one of {', '.join(LAYOUTS)}")
-
-
-def parse_backend(text: str, name: str = "backend") -> str:
-    if text.strip() in BACKENDS:
-        return text.strip()
-    raise ConfigError(f"{name}={text!r}: unknown backend; choose one of {', '.join(BACKENDS)}")
 
 
 # -- validation: a table of rules ---------------------------------------------------------------

@@ -7,13 +7,23 @@ chunked key; the key is reachable when either pair is. The reachability rules ar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from runtime import ladders
+from runtime.config import RuntimeConfig
+from runtime.keys import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
 from runtime.ragged_reachability import RaggedLimits, chunk_pool, decode_pool
 
-if TYPE_CHECKING:
-    from runtime.bucketer import Bucket, SpyreAttnBucketer
+
+class SpyreAttnBucketer(Protocol):
+    """What the enumeration reads off the bucketer (which imports this module)."""
+
+    config: RuntimeConfig
+    kv_blocks: tuple[int, ...]
+    num_seqs: tuple[int, ...]
+    query_tokens: tuple[int, ...]
+
+    def kv_members(self, kv: int) -> range: ...
 
 
 def limits(b: SpyreAttnBucketer) -> RaggedLimits:
@@ -23,8 +33,6 @@ def limits(b: SpyreAttnBucketer) -> RaggedLimits:
 
 def ragged_verdicts(b: SpyreAttnBucketer) -> dict[Bucket, str | None]:
     """Every ragged candidate mapped to None (reachable) or the reason it is pruned."""
-    from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
-
     lim, c = limits(b), b.config
     out: dict[Bucket, str | None] = {}
     for kv in b.kv_blocks:

@@ -37,7 +37,7 @@ class KillRow:
 def fault_catalog(rt: Probe) -> dict[str, str]:
     """Fault -> the checker that must catch it: the bundled catalog, or the runtime's own."""
     if rt.bundled:
-        return {n: f.checker for n, f in faults.CATALOG.items()}
+        return faults.catalog_for(rt.config)
     if not rt.faults:
         raise UsageError(f"the {rt.name} runtime ({rt.target}) ships no faults(): there is nothing to prove caught")
     return dict(rt.faults)
@@ -85,7 +85,7 @@ def kill_table(
     """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps them).
     `catalog` (fault -> checker) is another runtime's own; default: the bundled catalog."""
     rows = [] if rows is None else rows
-    catalog = catalog if catalog is not None else {n: f.checker for n, f in faults.CATALOG.items()}
+    catalog = catalog if catalog is not None else faults.catalog_for(config)
     for name in names or list(catalog):
         if progress:
             progress(f"control: {name}")

@@ -23,9 +23,21 @@ from unittest import mock
 
 from runtime import attention, compiler, scheduler
 from runtime.block_pool import BlockPool
-from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, SpyreAttnBucketer
+from runtime.bucketer import (
+    ATTEND,
+    BATCHED,
+    CHUNKED,
+    DECODE,
+    PREFILL,
+    BatchedKey,
+    Bucket,
+    DecodeKey,
+    SpyreAttnBucketer,
+)
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
+from runtime.ragged_metadata import RaggedBuilder
+from runtime.requests import RequestQueue
 from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
@@ -41,6 +53,8 @@ class Fault:
     configure: Callable[[RuntimeConfig], RuntimeConfig] = lambda c: c
     # Patches the runtime's code while entered; None: the fault lives in seams and config only.
     patch: Callable[[], AbstractContextManager[None]] | None = None
+    # The layouts whose code or rules the fault breaks; a run of another layout does not seed it.
+    layouts: tuple[str, ...] = ("padded", "ragged")
 
     def apply(self, config: RuntimeConfig) -> tuple[RuntimeConfig, Seams]:
         config = self.configure(config)
@@ -93,12 +107,15 @@ def inline_rung(b: MetadataBuilder, blocks: int) -> int:
     return min(1 << (blocks - 1).bit_length(), b.bucketer.config.max_blocks_per_seq)
 
 
-def padding_at(block: Callable[[MetadataBuilder], int]) -> Callable[[], AbstractContextManager[None]]:
-    """The builder padding block tables with `block(builder)` instead of the null block."""
+def padding_at(block: Callable[[MetadataBuilder | RaggedBuilder], int]) -> Callable[[], AbstractContextManager[None]]:
+    """The builder (either layout's) padding block tables with `block(builder)` instead of the null block."""
 
     @contextlib.contextmanager
     def patch() -> Iterator[None]:
-        with mock.patch.object(MetadataBuilder, "padding_block", property(block)):
+        with (
+            mock.patch.object(MetadataBuilder, "padding_block", property(block)),
+            mock.patch.object(RaggedBuilder, "padding_block", property(block)),
+        ):
             yield
 
     return patch
@@ -108,7 +125,7 @@ def padding_at(block: Callable[[MetadataBuilder], int]) -> Callable[[], Abstract
 def unmasked_kernels() -> Iterator[None]:
     """Every attention kernel built without its left-padding mask (`mask_padding=False`)."""
     with contextlib.ExitStack() as stack:
-        for name in ("make_decode", "make_batched", "make_prefill"):
+        for name in ("make_decode", "make_batched", "make_prefill", "make_attend", "make_chunked"):
             unmasked = functools.partial(getattr(attention, name), mask_padding=False)
             stack.enter_context(mock.patch.object(attention, name, unmasked))
         yield
@@ -131,8 +148,9 @@ def _unpruned(c: RuntimeConfig) -> Seams:
 
 def dropped_bucket(plan: list[Bucket]) -> Bucket | None:
     """The bucket over-pruned warmup drops: the largest batched one, else the largest decode,
-    else the largest prefill; None for an empty plan (nothing to drop)."""
-    for kernel in (BATCHED, DECODE, PREFILL):
+    else the largest prefill (ragged: the largest chunked, else the largest attend); None for an
+    empty plan (nothing to drop)."""
+    for kernel in (BATCHED, DECODE, PREFILL, CHUNKED, ATTEND):
         mine = [b for b in plan if b.kernel == kernel]
         if mine:
             return max(mine)
@@ -177,15 +195,16 @@ def unchecked_volume() -> Iterator[None]:
 
 @contextlib.contextmanager
 def leaky_abort() -> Iterator[None]:
-    """`Scheduler.abort` that forgets to return a running request's blocks to the pool: it
-    leaves the batch and its reservation is released, but its blocks stay allocated."""
-    original = Scheduler.abort
+    """An abort (either layout's: `RequestQueue.abort`) that forgets to return an admitted
+    request's blocks to the pool: it leaves the batch and its reservation is released, but its
+    blocks stay allocated."""
+    original = RequestQueue.abort
 
-    def abort(self: Scheduler, request_id: object) -> Request:
+    def abort(self: RequestQueue, request_id: object) -> Request:
         with mock.patch.object(BlockPool, "free", lambda pool, owner, blocks: None):
             return original(self, request_id)
 
-    with mock.patch.object(Scheduler, "abort", abort):
+    with mock.patch.object(RequestQueue, "abort", abort):
         yield
 
 
@@ -213,6 +232,7 @@ CATALOG: dict[str, Fault] = {
             "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
             configure=_sparse_override,
             patch=builder_rounding(own_ladder_rung),
+            layouts=("padded",),
         ),
         Fault(
             "inline-builder-ladder",
@@ -220,12 +240,13 @@ CATALOG: dict[str, Fault] = {
             "the builder's decode rounding uses an inline power-of-two KV ladder of its own, not the bucketer's",
             configure=_sparse_override,
             patch=builder_rounding(inline_rung),
+            layouts=("padded",),
         ),
         Fault(
             "lazy-batched-kernel",
             "dispatch-coverage",
             "warmup records only the per-sequence kernel (and prefill)",
-            lambda c: Seams(warmup_kernels=(DECODE, PREFILL)),
+            lambda c: Seams(warmup_kernels=(ATTEND,) if c.ragged else (DECODE, PREFILL)),
         ),
         Fault(
             "fresh-tensor-recorder",
@@ -283,6 +304,7 @@ CATALOG: dict[str, Fault] = {
             "admission ignores the volumetric limit, so a decode step attends more than max_batch_tkv_limit",
             configure=_binding_limit,
             patch=unchecked_volume,
+            layouts=("padded",),
         ),
         Fault(
             "abort-leaks-blocks",
@@ -292,6 +314,11 @@ CATALOG: dict[str, Fault] = {
         ),
     ]
 }
+
+
+def catalog_for(config: RuntimeConfig) -> dict[str, str]:
+    """Fault -> the checker that must catch it, for the faults of the config's layout."""
+    return {n: f.checker for n, f in CATALOG.items() if config.layout in f.layouts}
 
 
 FAULT_ENV = "SPYRE_VERIFY_FAULT"

@@ -237,3 +237,9 @@ def missing(runtime: object) -> list[str]:
             continue
         out += [f"{attr} (for {cap})" for attr in CAPABILITIES[cap] if not hasattr(runtime, attr)]
     return out
+
+
+def layout_of(runtime: Any) -> str:
+    """The layout (DESIGN "layout") whose contract a runtime follows: its config's `layout`, and
+    padded for a config without one (the layout every runtime had before the ragged one)."""
+    return str(getattr(runtime.config, "layout", "padded"))

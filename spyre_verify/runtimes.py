@@ -118,6 +118,8 @@ def settings_for(config: Any, wrap_backend: Any = None, fault: str | None = None
     options: dict[str, Any] = {"num_blocks": c.total_blocks} if c.num_blocks is not None else {}
     options |= {"batched_decode": False} if not c.batched_decode else {}  # per_sequence_decode's switch
     options |= {"seams": seams} if seams is not None else {}
+    # The layout travels as an option too: a runtime offering both follows the one asked for.
+    options |= {"layout": c.layout, "max_num_batched_tokens": c.token_budget} if c.ragged else {}
     return Settings(c.block_size, c.max_model_len, c.max_num_seqs, c.backend, c.device, wrap_backend, fault, c, options)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.bucketer import PREFILL, Bucket
+from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent
 from runtime.warmup import Seams
@@ -28,7 +28,7 @@ from spyre_verify.checks.violations import Checker, InvariantViolation, Violatio
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
-from spyre_verify.protocol import Runtime
+from spyre_verify.protocol import Runtime, layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
@@ -66,6 +66,7 @@ class DispatchLog:
     def __init__(self) -> None:
         self.events: list[DispatchEvent] = []
         self.warmup_graphs = 0
+        self.decode_steps = 0
         self.finishes: Counter[str] = Counter()  # ended requests by reason, as the runtime reported them
 
     def on_finish(self, ev: Any) -> None:
@@ -76,6 +77,9 @@ class DispatchLog:
 
     def on_compile(self, ev: Any) -> None:
         self.warmup_graphs += ev.phase == "warmup"
+
+    def on_step(self, ev: Any) -> None:
+        self.decode_steps += ev.kind != "prefill"  # padded "decode"; ragged "decode" or "mixed"
 
     def counts(self) -> Counter[Bucket]:
         return Counter(e.bucket for e in self.events)
@@ -140,8 +144,10 @@ def verified_too_little(accepted: int, rejected: int, decodes: int, decode_fits:
 
 
 def decode_fits(config: RuntimeConfig) -> bool:
-    """DESIGN admits a 1-token prompt with max_tokens 2 (one decode): it pads to a block, and its
-    lone decode peak is that block plus one."""
+    """DESIGN admits a 1-token prompt with max_tokens 2 (one decode): padded, it pads to a block,
+    and its lone decode peak is that block plus one; ragged, it needs 3 positions."""
+    if config.ragged:
+        return config.max_model_len >= 3
     bs = config.block_size
     return bs + 2 <= config.max_model_len and bs + 1 <= batch_tkv_limit(config)
 
@@ -264,7 +270,7 @@ def verify(
         log = DispatchLog()
         engine.subscribe(log)
         for c in checkers:
-            if not c.skip(engine.capabilities):
+            if not c.skip(engine.capabilities, layout_of(engine)):
                 c.attach(engine)
         checkers = [c for c in checkers if c.not_run is None]
         graph = graph if graph in checkers else None
@@ -305,7 +311,7 @@ def verify(
         if result.error is None:
             result.error = served_nothing(result.requests, result.rejected, result.steps)
         if result.error is None:
-            decodes = sum(e.kernel != PREFILL for e in log.events)
+            decodes = log.decode_steps
             fits = contract and decode_fits(config)  # another runtime's kernels are its own to name
             # The workload's own refusals: the admission-edge traffic after it is refused on purpose.
             result.error = verified_too_little(*served, decodes, fits)

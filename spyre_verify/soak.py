@@ -29,6 +29,7 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
+from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import DEADLINE, ServeStats, aborts_judged_by, judged_by, serve
 from spyre_verify.session import always_on
@@ -250,7 +251,7 @@ def soak(
         result = SoakResult(config, opts, checkers, Tracker(), runtime=engine.name)
         engine.subscribe(result.tracker)
         for c in checkers:
-            if not c.skip(engine.capabilities):
+            if not c.skip(engine.capabilities, layout_of(engine)):
                 c.attach(engine)
         t0 = time.perf_counter()
         if progress:

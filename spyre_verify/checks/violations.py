@@ -42,18 +42,23 @@ class Checker:
     # The protocol capabilities (`spyre_verify.protocol.CAPABILITIES`) this checker needs; on a
     # runtime without one of them it is not run, and says so.
     needs: frozenset[str] = frozenset()
+    # The layouts (DESIGN "layout") whose rules this checker judges; on another it is not run.
+    layouts: tuple[str, ...] = ("padded", "ragged")
 
     def __init__(self, strict: bool = False) -> None:
         self.strict = strict
         self.violations: list[Violation] = []
         self.not_run: str | None = None  # why it did not run, when it did not
 
-    def skip(self, capabilities: frozenset[str]) -> bool:
-        """Mark this checker not run when `capabilities` lack what it needs; True when it is skipped."""
+    def skip(self, capabilities: frozenset[str], layout: str = "padded") -> bool:
+        """Mark this checker not run when `capabilities` lack what it needs, or when its rules are
+        another layout's; True when it is skipped."""
         lacking = sorted(self.needs - capabilities)
         if lacking:
             self.not_run = f"the runtime does not offer {', '.join(lacking)}"
-        return bool(lacking)
+        elif layout not in self.layouts:
+            self.not_run = f"its rule is the {' and '.join(self.layouts)} layout's, and this run is {layout}"
+        return self.not_run is not None
 
     def flag(self, kind: str, message: str, **where: Any) -> None:
         v = Violation(self.name, kind, message, **where)

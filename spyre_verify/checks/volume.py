@@ -37,6 +37,7 @@ def largest_volume(max_num_seqs: int, max_model_len: int) -> int:
 class VolumeLimit(Checker):
     name = "volume-limit"
     needs = frozenset({"design_contract"})
+    layouts = ("padded",)  # DESIGN: the ragged layout has no tkv and refuses a volumetric limit
     judged_by = ("decodes",)
 
     def __init__(self, strict: bool = False) -> None:

@@ -7,6 +7,11 @@ to the runtime's (max_num_seqs * ceil(max_model_len / block_size) + 1) unless --
 given, since 8 blocks fit only the embedded sizes, and the limit to the runtime's (never
 binding) unless --max-batch-tkv-limit is given. SPYRE_MAX_BATCH_TKV_LIMIT wins over both.
 Only the backend differs by command (`add_config_flags(backend=...)`).
+
+`--layout ragged` (or SPYRE_LAYOUT=ragged) selects DESIGN's ragged layout, with its own flags
+`--max-num-batched-tokens` and `--batched-decode-entries`. The embedded volume limit is a
+padded-layout default and is simply not applied to a ragged run (DESIGN: only what the user
+sets is refused).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from runtime.config import BACKENDS, ENV_BACKEND, MAX_DIGITS, RuntimeConfig
+from runtime.config import BACKENDS, ENV_BACKEND, ENV_LAYOUT, LAYOUTS, MAX_DIGITS, RuntimeConfig, parse_layout
 from runtime.errors import ConfigError
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_TKV_LIMIT
 
@@ -30,7 +35,23 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
     """The size flags (defaults as the module says) and `--backend` (default `backend`, else the runtime's)."""
     g = p.add_argument_group(
         "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND, "
-        "SPYRE_MAX_BATCH_TKV_LIMIT)"
+        "SPYRE_MAX_BATCH_TKV_LIMIT, SPYRE_LAYOUT, SPYRE_MAX_NUM_BATCHED_TOKENS, SPYRE_ATTN_QUERY_BUCKETS)"
+    )
+    g.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help="padded: one shared tkv, left padding, whole-prompt prefill; ragged: per-sequence lengths, chunked "
+        f"prefill, mixed steps; {ENV_LAYOUT} overrides it (default: padded)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        help="ragged layout: tokens one step may compute, decodes and the prefill chunk together "
+        "(default: max(min(max_model_len, 2048), max_num_seqs))",
+    )
+    g.add_argument(
+        "--batched-decode-entries",
+        help="ragged layout: the batched decode kernel's target of block-table entries per chunk (default: 32)",
     )
     d = CHECK_DEFAULTS
     g.add_argument("--block-size", help=f"tokens per KV block, a power of two (default: {d['block_size']})")
@@ -89,11 +110,20 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         kwargs["num_blocks"] = DEFAULT_POOL
     for k in SIZES:
         kwargs.setdefault(k, CHECK_DEFAULTS[k])
+    env = os.environ if env is None else env
+    if getattr(args, "layout", None) is not None:
+        kwargs["layout"] = args.layout
+    env_layout = env.get(ENV_LAYOUT, "")
+    ragged = (parse_layout(env_layout, ENV_LAYOUT) if env_layout else kwargs.get("layout")) == "ragged"
+    for flag in ("max_num_batched_tokens", "batched_decode_entries"):
+        v = _int_flag(flag.replace("_", "-"), getattr(args, flag, None))
+        if v is not None:
+            kwargs[flag] = v
     limit = _int_flag("max-batch-tkv-limit", getattr(args, "max_batch_tkv_limit", None))
     if limit is not None:
         kwargs["max_batch_tkv_limit"] = limit
-    elif embedded:  # the embedded sizes' own limit, so that every default run exercises the volume rule
+    elif embedded and not ragged:  # the embedded sizes' own limit, so that every default run exercises the volume rule
         kwargs.setdefault("max_batch_tkv_limit", CHECK_TKV_LIMIT)
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
-    return RuntimeConfig.from_env(os.environ if env is None else env, **kwargs)
+    return RuntimeConfig.from_env(env, **kwargs)

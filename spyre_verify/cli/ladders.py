@@ -79,11 +79,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
         return 0
     c = b.config
+    layout = (
+        f"layout=ragged max_num_batched_tokens={c.token_budget} batched_decode_entries={c.decode_entries}"
+        if c.ragged
+        else f"max_batch_tkv_limit={c.batch_tkv_limit}"
+    )
     print(
         f"config: block_size={c.block_size} max_model_len={c.max_model_len} max_num_seqs={c.max_num_seqs} "
-        f"pool={c.total_blocks} blocks ({c.usable_blocks} usable) max_batch_tkv_limit={c.batch_tkv_limit}"
+        f"pool={c.total_blocks} blocks ({c.usable_blocks} usable) {layout}"
     )
-    if c.max_model_len % c.block_size:  # legal, and said: the ladders count whole blocks
+    if c.max_model_len % c.block_size and not c.ragged:  # legal, and said: the ladders count whole blocks
         top = c.max_blocks_per_seq * c.block_size
         print(
             f"   note: max_model_len={c.max_model_len} is not a multiple of block_size={c.block_size}: a sequence "

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 import spyre_verify
-from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, DecodeKey
+from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.hunt.strategies import Op, StepPoint
+from spyre_verify.oracle.derive import kv_dim
 from spyre_verify.oracle.walk import Action
 from spyre_verify.report import config_payload
 
@@ -103,18 +104,13 @@ def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
     return tuple(out)
 
 
-def kv_of(bucket: Bucket) -> int:
-    """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens
-
-
 def warm_ladder(warm: Iterable[Bucket], kernel: str) -> dict[str, Any]:
     """The rungs warmup recorded for one kernel: its KV dimension, and num_seqs for batched."""
     mine = sorted(b for b in warm if b.kernel == kernel)
     out: dict[str, Any] = {
         "kernel": kernel,
         "dimension": "prefill_tokens" if kernel == PREFILL else "kv_blocks",
-        "rungs": sorted({kv_of(b) for b in mine}),
+        "rungs": sorted({kv_dim(b) for b in mine}),
     }
     if kernel == BATCHED:
         out["num_seqs"] = sorted({b.key.num_seqs for b in mine if isinstance(b.key, BatchedKey)})

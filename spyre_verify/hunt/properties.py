@@ -36,11 +36,11 @@ from spyre_verify.checks.ladders import Disagreement, probe_builder, warm_disagr
 from spyre_verify.checks.padding_rules import block_table_problems
 from spyre_verify.hunt.cases import dispatch_cases, ladder_configs, walk_configs
 from spyre_verify.hunt.config import check_config, raw_configs
-from spyre_verify.hunt.findings import Finding, crash, from_runtime, kv_of, ops_for, warm_ladder
+from spyre_verify.hunt.findings import Finding, crash, from_runtime, ops_for, warm_ladder
 from spyre_verify.hunt.lockstep import Lockstep
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
-from spyre_verify.oracle.derive import decode_key, ladders, pool_blocks, prefill_key
+from spyre_verify.oracle.derive import decode_key, kv_dim, ladders, pool_blocks, prefill_key
 from spyre_verify.oracle.walk import Reachable, reachable, space, to_bucket, walk
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
@@ -130,7 +130,7 @@ def _off_key(w: World, state: BatchState, off: list[tuple[StepPoint, Bucket, Buc
         f"{'; warmup never recorded it' if bucket not in w.warm else ''} "
         f"({len(off)} dispatches in the trace off their key: {', '.join(map(str, wrong))})"
     )
-    rungs = sorted({kv_of(b) for b in cold if kv_of(b) not in warm_ladder(w.warm, b.kernel)["rungs"]})
+    rungs = sorted({kv_dim(b) for b in cold if kv_dim(b) not in warm_ladder(w.warm, b.kernel)["rungs"]})
     return Finding.of(
         w, "dispatch", "key-mismatch", msg, bucket, point, state.ops,
         expected=str(want), cold_buckets=cold, cold_kv_rungs=rungs, oracle_kv_ladder=list(w.lad.kv_blocks),
@@ -140,7 +140,7 @@ def _off_key(w: World, state: BatchState, off: list[tuple[StepPoint, Bucket, Buc
 def _cold(w: World, state: BatchState, cold: list[tuple[StepPoint, Bucket]]) -> Finding:
     point, bucket = cold[0]
     buckets = sorted({b for _, b in cold})
-    rungs = sorted({kv_of(b) for b in buckets if kv_of(b) not in warm_ladder(w.warm, b.kernel)["rungs"]})
+    rungs = sorted({kv_dim(b) for b in buckets if kv_dim(b) not in warm_ladder(w.warm, b.kernel)["rungs"]})
     msg = (
         f"step {point.index} dispatched {bucket}, the oracle's key for its batch, which warmup never recorded "
         f"({len(cold)} cold dispatches in the trace: {', '.join(map(str, buckets))}); "

@@ -10,7 +10,7 @@ import bisect
 import functools
 from dataclasses import dataclass
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
+from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, ChunkedKey, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
 
 
@@ -146,4 +146,9 @@ def _prefill(tokens: int) -> Bucket:
 
 def kv_dim(bucket: Bucket) -> int:
     """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens
+    key = bucket.key
+    if isinstance(key, PrefillKey):
+        return key.tokens
+    if isinstance(key, ChunkedKey):  # the table's width: the KV rung rounded up to whole chunks
+        return key.blocks_per_chunk * key.num_chunks
+    return key.kv_blocks
