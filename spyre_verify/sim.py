@@ -13,11 +13,14 @@ so `spyre_verify.serve_loop.serve` drives either.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from runtime.block_pool import BlockPool
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import MetadataBuilder
+from runtime.ragged_metadata import RaggedBuilder
+from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.scheduler import Request, Scheduler, StepPlan
 
 STAND_IN = 0  # the token every row "generates": in every vocabulary, and not the tiny model's EOS
@@ -25,29 +28,34 @@ STAND_IN = 0  # the token every row "generates": in every vocabulary, and not th
 SchedulerFactory = Callable[[RuntimeConfig, BlockPool, MetadataBuilder], Scheduler]
 
 
-def stand_ins(plan: StepPlan) -> list[int]:
-    """One stand-in token per row the plan computes."""
-    return [STAND_IN] * len(plan.rows)
+def stand_ins(plan: StepPlan | RaggedPlan) -> list[int]:
+    """One stand-in token per row the plan gives a token to."""
+    return [STAND_IN] * len(plan.token_rows if isinstance(plan, RaggedPlan) else plan.rows)
 
 
 class Sim:
     """Pool, scheduler and builder wired like `runtime.engine.Engine`, with no model.
 
     `builder` defaults to one on the config's own bucketer; `make` builds the scheduler
-    (a subclass under test, say).
+    (a subclass under test, say). A ragged config gets the ragged builder and scheduler.
     """
 
     def __init__(
         self,
         config: RuntimeConfig,
-        builder: MetadataBuilder | None = None,
+        builder: Any = None,
         make: SchedulerFactory = Scheduler,
-        tokens: Callable[[StepPlan], list[int]] = stand_ins,
+        tokens: Callable[[Any], list[int]] = stand_ins,
     ) -> None:
         self.config = config
         self.pool = BlockPool(config.total_blocks)
-        self.builder = builder if builder is not None else MetadataBuilder(SpyreAttnBucketer(config))
-        self.scheduler = make(config, self.pool, self.builder)
+        self.scheduler: Any
+        if config.ragged and make is Scheduler:
+            self.builder: Any = builder if builder is not None else RaggedBuilder(SpyreAttnBucketer(config))
+            self.scheduler = RaggedScheduler(config, self.pool, self.builder)
+        else:
+            self.builder = builder if builder is not None else MetadataBuilder(SpyreAttnBucketer(config))
+            self.scheduler = make(config, self.pool, self.builder)
         self.tokens = tokens
         self.steps = 0
         self.finished: list[Request] = []  # what the last step or abort ended
@@ -67,9 +75,9 @@ class Sim:
         self.finished = [self.scheduler.abort(request_id)]
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return bool(self.scheduler.waiting or self.scheduler.in_flight())
 
-    def step(self) -> StepPlan | None:
+    def step(self) -> Any:
         """One step: the plan that ran, or None when there was nothing to do (as `Engine` idles)."""
         plan = self.scheduler.schedule()
         if plan is None:

@@ -7,7 +7,8 @@ little, a ratio of two things measured together means much more.
 
 The figures live in modules by what they need: `bench.engine` (warmed engines, and
 warmup size: 3), `bench.overhead` (checker overhead on those engines: 1, 1b),
-`bench.sched` (no compiler: 2, 6) and `bench.kernels` (compiled kernels: 4, 5).
+`bench.sched` (no compiler: 2, 6), `bench.layouts` (no compiler: 7, 7b) and `bench.kernels`
+(compiled kernels: 4, 5).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from runtime.config import ModelDims, RuntimeConfig
 from spyre_verify.defaults import CHECK_DEFAULTS
 
-FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6")
+FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spyre_verify.bench import engine, kernels, sched
+from spyre_verify.bench import engine, kernels, layouts, sched
 from spyre_verify.bench.figures import Figure, Plan
 from spyre_verify.bench.overhead import overhead_figures
 from spyre_verify.messages import Progress
@@ -27,6 +27,8 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
             out.append(kernels.roofline_figure(plan, progress))
         if "6" in plan.only:
             out.append(sched.waste_figure(plan, progress))
+        if "7" in plan.only:
+            out += layouts.layout_figures(plan, progress)
     finally:
         torch.set_num_threads(threads)
     for f in out:
