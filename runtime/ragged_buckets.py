@@ -51,21 +51,39 @@ def _why_not_attend(b: SpyreAttnBucketer, lim: RaggedLimits, chunks: ChunkReach,
         return None  # one row decoding alone, written at a position inside these blocks
     ends = range((blocks.start - 1) * bs + 1, blocks.stop * bs - bs + 1)  # e = c + q, ceil(e / bs) in blocks
     need = chunks.pool(ends, queries)
-    if need is not None and need <= U:
+    if need is not None and sum(need) <= U:
         return None
-    decode = " or a decode" if q == 1 else ""
-    where = f"ending at position {_span(range(ends.start - 1, ends.stop - 1))}"
+    decode = " or decode" if q == 1 else ""
     if ends.start > L - 1:
-        return f"no chunk{decode} writes past position {L - 2} (max_model_len={L}), and {_span(blocks)} blocks start at position {ends.start - 1}"
-    what = f"a chunk of {_span(queries)} tokens{decode} {where}"
+        return f"no chunk{decode} writes past position {L - 2} (max_model_len={L}); {_span(blocks)} blocks start at position {ends.start - 1}"
+    what = f"a chunk of {_span(queries)} tokens ending at position {_span(range(ends.start - 1, min(ends.stop - 1, L - 1)))}"
     if need is not None:
-        return f"pool too tight: {what} needs {need} usable blocks (the prompt's and the rows that shorten its chunks), the pool has {U}"
-    starts = chunks.offsets(range(1, L), queries)
-    shown = ", ".join(_span(r) for r in starts[:4]) + (", ..." if len(starts) > 4 else "")
-    why = f"chunks of {_span(queries)} tokens start at {shown}" if starts else "no chunk has that many tokens"
-    if q == 1:
-        why += f"; a decode needs a row of at least 1 cached token at position {(blocks.start - 1) * bs}..{blocks.stop * bs - bs - 1} <= {L - 2}"
-    return f"no batch state runs {what} ({why})"
+        prompt, rows = need
+        return (
+            f"pool too tight: {what} needs {prompt + rows} usable blocks ({prompt} for its prompt, {rows} for the "
+            f"rows whose decodes shorten its earlier chunks), the pool has {U}"
+        )
+    return f"no batch state runs {what} ({_chunk_starts(chunks, lim, ends, queries)}{_no_decode(lim, blocks, q)})"
+
+
+def _chunk_starts(chunks: ChunkReach, lim: RaggedLimits, ends: range, queries: range) -> str:
+    """Why no chunk start fits: where the chunk would start, and where chunks do start."""
+    first = min(queries.stop - 1, lim.max_model_len - 1)
+    lo, hi = ends.start - (queries.stop - 1), ends.stop - 1 - queries.start
+    if hi < 0:
+        return f"a chunk of {queries.start} tokens or more ends at position {queries.start - 1} or later"
+    j = max(1, ceil_div(lo, lim.token_budget))
+    later = [chunks.starts_after(k) for k in range(max(1, j - 1), j + 2)]
+    shown = ", ".join(_span(r) for r in later if r.stop - 1 >= 1)
+    return f"it would start at {_span(range(max(lo, 0), hi + 1))}; a first chunk ends by position {first - 1}, later ones start at {shown}, ..."
+
+
+def _no_decode(lim: RaggedLimits, blocks: range, q: int) -> str:
+    if q != 1:
+        return ""
+    bs = lim.block_size
+    at = _span(range((blocks.start - 1) * bs, blocks.stop * bs - bs))
+    return f"; a decode writes at position {at}, but at 1 or later (the prompt is cached) and at most {lim.max_model_len - 2}"
 
 
 def _why_not_batched(b: SpyreAttnBucketer, lim: RaggedLimits, n: int, kv: int) -> str | None:
@@ -78,10 +96,11 @@ def _why_not_batched(b: SpyreAttnBucketer, lim: RaggedLimits, n: int, kv: int) -
     if need is not None:
         rows = _span(range(1, seqs.start))
         return f"pool too tight: {where} needs {need} usable blocks (the widest row's and rows of {rows} cached tokens), the pool has {lim.usable_blocks}"
-    bs, L = lim.block_size, lim.max_model_len
+    bs, L, d = lim.block_size, lim.max_model_len, seqs.start
+    at = _span(range((blocks.start - 1) * bs, blocks.stop * bs - bs))
     return (
-        f"no batch state runs {where} (the oldest of {seqs.start} rows writes at position {seqs.start} or later, "
-        f"past block {ceil_div(seqs.start + 1, bs) - 1}; no row writes past position {L - 2})"
+        f"no batch state runs {where}: its widest row writes at position {at}, but the oldest of {d} rows writes at {d} or later (rows join one step apart) "
+        f"and no row past {L - 2}"
     )
 
 

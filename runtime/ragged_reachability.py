@@ -15,9 +15,10 @@ and a witness meets it: i one-token prompts admitted on i consecutive steps befo
 by its max_tokens when it is no longer needed (so it reserves no more than it decodes).
 
 * Decode of d rows, the widest needing m entries (its input at position n, m = ceil((n+1)/bs)).
-  Necessary: n <= L - 2 (a row still has a token to make and n + k <= L - 1); the oldest has
-  n >= d, so m * bs >= d + 1; the pool holds every row's reservation, at least ceil((n_i+1)/bs)
-  each. With the rows at their age bounds, the cheapest pool is m + sum(ceil(k/bs), k = 2..d).
+  Necessary: n <= L - 2 (a row still has a token to make and n + k <= L - 1); the widest is at
+  least as long as the oldest, n >= d; so some n in [max(d, (m-1) bs), min(m bs - 1, L - 2)]. The
+  pool holds every row's reservation, at least ceil((n_i+1)/bs) each, and the d - 1 shorter rows
+  have n >= 1, 2, ..., d - 1: the pool needs m + sum(ceil(k/bs), k = 2..d).
   Sufficient: the widest row is the oldest, with a prompt of max(d, (m-1) bs) - d + 1 tokens and
   max_tokens d + 1; the other d - 1 rows are one-token prompts admitted on the d - 1 following
   steps (a one-token chunk always fits the budget, T - d >= 1). A per-sequence decode needs only
@@ -135,21 +136,28 @@ class ChunkReach:
             out.append(range(0, 1))
         step = T - self.lim.max_num_seqs + 1
         for j in range(max(1, ceil_div(lo, T)), hi // step + 1):
-            c = range(max(lo, j * T - d_max(self.lim, j)), min(hi, j * T) + 1)
+            after = self.starts_after(j)
+            c = range(max(lo, after.start), min(hi, after.stop - 1) + 1)
             if c:
                 out.append(c)
         return out
 
-    def pool(self, ends: range, queries: range) -> int | None:
-        """Fewest usable blocks a chunk with a query in `queries` ending in `ends` needs (stopping at the
-        first way in that fits U); None: no state runs one at all."""
+    def starts_after(self, j: int) -> range:
+        """The starts c of a chunk after exactly j >= 1 full chunks, ignoring the pool."""
+        T = self.lim.token_budget
+        return range(j * T - d_max(self.lim, j), j * T + 1)
+
+    def pool(self, ends: range, queries: range) -> tuple[int, int] | None:
+        """The fewest usable blocks a chunk with a query in `queries` ending in `ends` needs, as (the
+        prompt's, the rows' beside it), stopping at the first way in that fits U; None: no state runs
+        one at all."""
         lim, bs, T = self.lim, self.lim.block_size, self.lim.token_budget
         ends = range(ends.start, min(ends.stop, lim.deepest + 1))
         if not self.offsets(ends, queries):
             return None
         if not lim.pool_binds:
-            return ceil_div(ends.start, bs)
-        best: int | None = None
+            return ceil_div(ends.start, bs), 0
+        best: tuple[int, int] | None = None
         for be in range(ceil_div(ends.start, bs), ceil_div(ends.stop - 1, bs) + 1):
             a, b = max(ends.start, (be - 1) * bs + 1), min(ends.stop - 1, be * bs)
             cmax = b - queries.start  # the latest start: the fewest row-steps
@@ -160,9 +168,9 @@ class ChunkReach:
                 if jj < 0 or c + queries.stop - 1 < a or (jj == 0 and c != 0):
                     continue
                 rows = self.rows_pool(jj, jj * T - c)
-                if rows is not None and (best is None or rows + be < best):
-                    best = rows + be
-                    if best <= lim.usable_blocks:
+                if rows is not None and (best is None or rows + be < sum(best)):
+                    best = be, rows
+                    if sum(best) <= lim.usable_blocks:
                         return best
         return best
 
