@@ -2,8 +2,8 @@
 
 Candidates are the full products of ladders: the per-sequence kernel's (KV rung, query rung), and
 the batched kernel's chunked key of every (num_seqs rung, KV rung). Two rung pairs can realise one
-chunked key; the key is reachable when either pair is. The reachability rules are
-`runtime.ragged_reachability`'s."""
+chunked key; the key is reachable when either pair is. The reachability rules, and why they are
+exact, are `runtime.ragged_reachability`'s; this module turns them into verdicts and reasons."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Protocol
 from runtime import ladders
 from runtime.config import RuntimeConfig
 from runtime.keys import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
-from runtime.ragged_reachability import RaggedLimits, chunk_pool, decode_pool
+from runtime.ragged_reachability import ChunkReach, RaggedLimits, ceil_div, decode_span_pool
 
 
 class SpyreAttnBucketer(Protocol):
@@ -34,10 +34,11 @@ def limits(b: SpyreAttnBucketer) -> RaggedLimits:
 def ragged_verdicts(b: SpyreAttnBucketer) -> dict[Bucket, str | None]:
     """Every ragged candidate mapped to None (reachable) or the reason it is pruned."""
     lim, c = limits(b), b.config
+    chunks = ChunkReach(lim)
     out: dict[Bucket, str | None] = {}
     for kv in b.kv_blocks:
         for q in b.query_tokens:
-            out[Bucket(ATTEND, AttendKey(kv, q))] = _why_not_attend(b, lim, kv, q)
+            out[Bucket(ATTEND, AttendKey(kv, q))] = _why_not_attend(b, lim, chunks, kv, q)
     pairs: dict[Bucket, list[tuple[int, int]]] = {}
     for n in b.num_seqs:
         for kv in b.kv_blocks:
@@ -45,56 +46,70 @@ def ragged_verdicts(b: SpyreAttnBucketer) -> dict[Bucket, str | None]:
             pairs.setdefault(key, []).append((n, kv))
     for key, realised_by in pairs.items():
         reasons = [_why_not_batched(b, lim, n, kv) for n, kv in realised_by]
-        out[key] = None if None in reasons else "; ".join(r for r in reasons if r)
+        # A pool reason first: a larger pool reaches the key through that pair.
+        out[key] = None if None in reasons else "; ".join(sorted(r for r in reasons if r)[::-1])
     return out
 
 
-def _why_not_attend(b: SpyreAttnBucketer, lim: RaggedLimits, kv: int, q: int) -> str | None:
-    blocks, bs = b.kv_members(kv), lim.block_size
-    ends = range(max(1, blocks.start * bs - bs + 1), min(blocks.stop * bs - bs, lim.max_model_len - 1) + 1)
-    queries = range(ladders.rung_below(b.query_tokens, q) + 1, min(q, lim.token_budget) + 1)
-    if q == 1:  # a decode and a one-token chunk share the key
-        decode_rows = range(1, (2 if b.num_seqs else lim.max_num_seqs + 1))
-        costs = [p for s in decode_rows for m in blocks if (p := decode_pool(lim, s, m)) is not None]
-        if any(p <= lim.usable_blocks for p in costs):
-            return None
-    if _chunk_fits(lim, ends, queries):
+def _why_not_attend(b: SpyreAttnBucketer, lim: RaggedLimits, chunks: ChunkReach, kv: int, q: int) -> str | None:
+    bs, L, U = lim.block_size, lim.max_model_len, lim.usable_blocks
+    blocks = b.kv_members(kv)
+    queries = range(ladders.rung_below(b.query_tokens, q) + 1, q + 1)
+    if q == 1 and decode_span_pool(lim, range(1, 2), blocks) is not None:
+        return None  # one row decoding alone, written at a position inside these blocks
+    ends = range((blocks.start - 1) * bs + 1, blocks.stop * bs - bs + 1)  # e = c + q, ceil(e / bs) in blocks
+    need = chunks.pool(ends, queries)
+    if need is not None and sum(need) <= U:
         return None
-    what = f"a query of {_span(queries)} tokens ending at position {_span(range(ends.start - 1, ends.stop - 1))}"
-    if not ends or not queries:
-        return f"no chunk or decode needs {_span(blocks)} blocks with {what.removeprefix('a ')}"
-    return f"no batch state runs {what}{' or a decode at that width' if q == 1 else ''}"
+    decode = " or decode" if q == 1 else ""
+    if ends.start > L - 1:
+        return f"no chunk{decode} writes past position {L - 2} (max_model_len={L}); {_span(blocks)} blocks start at position {ends.start - 1}"
+    what = f"a chunk of {_span(queries)} tokens ending at position {_span(range(ends.start - 1, min(ends.stop - 1, L - 1)))}"
+    if need is not None:
+        prompt, rows = need
+        return (
+            f"pool too tight: {what} needs {prompt + rows} usable blocks ({prompt} for its prompt, {rows} for the "
+            f"rows whose decodes shorten its earlier chunks), the pool has {U}"
+        )
+    return f"no batch state runs {what} ({_chunk_starts(chunks, lim, ends, queries)}{_no_decode(lim, blocks, q)})"
 
 
-def _chunk_fits(lim: RaggedLimits, ends: range, queries: range) -> bool:
-    """Some chunk with a query in `queries` ends (exclusive) in `ends`, within the pool."""
-    if not ends or not queries:
-        return False
-    T, S = lim.token_budget, lim.max_num_seqs
-    lo, hi = max(0, ends.start - (queries.stop - 1)), ends.stop - 1 - queries.start
+def _chunk_starts(chunks: ChunkReach, lim: RaggedLimits, ends: range, queries: range) -> str:
+    """Why no chunk start fits: where the chunk would start, and where chunks do start."""
+    first = min(queries.stop - 1, lim.max_model_len - 1)
+    lo, hi = ends.start - (queries.stop - 1), ends.stop - 1 - queries.start
     if hi < 0:
-        return False
-    if lo == 0:
-        return _pool_fits(lim, ends, queries, 0)
-    k = max(1, -(-lo // T))
-    return k * (T - S + 1) <= hi and _pool_fits(lim, ends, queries, lo)
+        return f"a chunk of {queries.start} tokens or more ends at position {queries.start - 1} or later"
+    j = max(1, ceil_div(lo, lim.token_budget))
+    later = [chunks.starts_after(k) for k in range(max(1, j - 1), j + 2)]
+    shown = ", ".join(_span(r) for r in later if r.stop - 1 >= 1)
+    return f"it would start at {_span(range(max(lo, 0), hi + 1))}; a first chunk ends by position {first - 1}, later ones start at {shown}, ..."
 
 
-def _pool_fits(lim: RaggedLimits, ends: range, queries: range, offset: int) -> bool:
-    e = max(ends.start, queries.start + offset)
-    return any(p is not None and p <= lim.usable_blocks for p in (chunk_pool(lim, e, e - offset),))
+def _no_decode(lim: RaggedLimits, blocks: range, q: int) -> str:
+    if q != 1:
+        return ""
+    bs = lim.block_size
+    at = _span(range((blocks.start - 1) * bs, blocks.stop * bs - bs))
+    return f"; a decode writes at position {at}, but at 1 or later (the prompt is cached) and at most {lim.max_model_len - 2}"
 
 
 def _why_not_batched(b: SpyreAttnBucketer, lim: RaggedLimits, n: int, kv: int) -> str | None:
     low = ladders.rung_below(b.num_seqs, n, b.config.min_batched_seqs - 1)
     seqs, blocks = range(low + 1, n + 1), b.kv_members(kv)
-    costs = [p for s in seqs for m in blocks if (p := decode_pool(lim, s, m)) is not None]
-    if any(p <= lim.usable_blocks for p in costs):
+    need = decode_span_pool(lim, seqs, blocks)
+    if need is not None and need <= lim.usable_blocks:
         return None
     where = f"a decode of {_span(seqs)} rows at {_span(blocks)} blocks"
-    if costs:
-        return f"pool too tight: {where} needs {min(costs)} usable blocks, the pool has {lim.usable_blocks}"
-    return f"no batch state runs {where} (the oldest of d rows has cached at least d tokens)"
+    if need is not None:
+        rows = _span(range(1, seqs.start))
+        return f"pool too tight: {where} needs {need} usable blocks (the widest row's and rows of {rows} cached tokens), the pool has {lim.usable_blocks}"
+    bs, L, d = lim.block_size, lim.max_model_len, seqs.start
+    at = _span(range((blocks.start - 1) * bs, blocks.stop * bs - bs))
+    return (
+        f"no batch state runs {where}: its widest row writes at position {at}, but the oldest of {d} rows writes at {d} or later (rows join one step apart) "
+        f"and no row past {L - 2}"
+    )
 
 
 def _span(r: range) -> str:
