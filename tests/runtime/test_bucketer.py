@@ -12,7 +12,6 @@ import pytest
 from runtime.bucketer import (
     BATCHED,
     DECODE,
-    KERNELS,
     PREFILL,
     BatchedKey,
     Bucket,
