@@ -13,7 +13,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from runtime.config import ENV_BACKEND, ENV_BATCH_TKV, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
+from runtime.config import (
+    ENV_BACKEND,
+    ENV_BATCH_TKV,
+    ENV_BATCHED_DECODE,
+    ENV_BATCHED_TOKENS,
+    ENV_KV_BUCKETS,
+    ENV_LAYOUT,
+    ENV_QUERY_BUCKETS,
+    RuntimeConfig,
+)
 from runtime.errors import ConfigError
 from spyre_verify.hunt.findings import Finding, from_runtime
 from spyre_verify.hunt.strategies import BLOCK_SIZES, draw_kv_override
@@ -37,7 +46,22 @@ _LIMIT_TEXTS: tuple[Any, ...] = ("{}", " {}", "{} ", "0{}", "{}\n")
 _EDGE_LIMIT_TEXTS = ("0", "-1", "", " ", "-{}", "+{}", "{}.0", "1e3", "{} {}", "0x10", "\u0663", "9" * 19)
 _EDGE_LIMITS: tuple[Any, ...] = (0, -1, True, False, 4.0, "20", None)
 # The fields an env variable overrides (DESIGN's SPYRE_* variables), as `env_overrides()` writes them.
-ENV_FIELDS = ("kv_buckets", "batched_decode", "backend", "max_batch_tkv_limit")
+ENV_FIELDS = (
+    "kv_buckets",
+    "batched_decode",
+    "backend",
+    "max_batch_tkv_limit",
+    "layout",
+    "max_num_batched_tokens",
+    "query_buckets",
+)
+# The ragged layout's settings (DESIGN "The ragged layout, precisely", Config and Ladders).
+_EDGE_LAYOUTS: tuple[Any, ...] = ("Ragged", "ragged ", "", "paged", None, 1)
+_EDGE_LAYOUT_TEXTS: tuple[Any, ...] = ("Ragged", " ", "rag", "padded,ragged", "raggedd", "0")
+_LAYOUT_TEXTS: tuple[Any, ...] = ("ragged", " ragged", "ragged\t")
+_EDGE_TOKEN_TEXTS: tuple[Any, ...] = ("0", "-{}", "{}.0", "+{}", "1e3", str((1 << 20) + 1), str(1 << 20))
+_EDGE_ENTRIES: tuple[Any, ...] = (0, -1, True, 2.0, "32")
+_RAGGED_DEFECTS = ("batched_tokens", "entries", "query", "limit_ragged")
 DEFECTS = (
     "none",
     "block_size",
@@ -49,6 +73,9 @@ DEFECTS = (
     "backend",
     "tkv_limit",
     "kv_order",
+    "layout",
+    "ragged_only",
+    *_RAGGED_DEFECTS,
 )
 
 
@@ -104,8 +131,96 @@ def draw_raw_config(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
     if not ch.between(0, 3):
         top = per_seq * good
         kwargs["kv_buckets"] = tuple(sorted({top, good * ch.between(1, max(1, per_seq))}))
-    draw_raw_limit(ch, kwargs, env, defect == "tkv_limit", good, L, S)
+    ragged = defect in _RAGGED_DEFECTS or (defect not in ("layout", "ragged_only") and ch.between(0, 3) == 0)
+    draw_raw_layout(ch, kwargs, env, defect, ragged, L, S)
+    if not ragged:  # the volumetric limit is refused under ragged: drawn there only as its defect
+        draw_raw_limit(ch, kwargs, env, defect == "tkv_limit", good, L, S)
     return kwargs, env
+
+
+def draw_raw_layout(
+    draw: Draw, kwargs: dict[str, Any], env: dict[str, str], defect: str, ragged: bool, L: object, S: object
+) -> None:
+    """The layout and the ragged layout's settings, as kwargs, env or both (the env wins): with
+    `ragged`, a budget T near max_num_seqs and max_model_len, an entry target and a query ladder
+    override near their rules; else padded, now and then with one ragged setting (`ragged_only`)."""
+    ch = choices(draw)
+    seqs = S if type(S) is int and 0 < S <= 8 else 4
+    length = L if type(L) is int and 0 < L <= 1 << 16 else 16
+    if defect == "layout":
+        if ch.flag():
+            kwargs["layout"] = pick(ch, _EDGE_LAYOUTS)
+        else:
+            env[ENV_LAYOUT] = pick(ch, _EDGE_LAYOUT_TEXTS)
+        return
+    how = ch.between(0, 3)  # 0: the default or unset, 1: kwarg, 2: env, 3: both (the env wins)
+    if ragged:
+        if how in (0, 1):
+            kwargs["layout"] = "ragged"
+        if how in (2, 3):
+            kwargs["layout"] = "padded" if how == 3 else kwargs.get("layout", "padded")
+            env[ENV_LAYOUT] = pick(ch, _LAYOUT_TEXTS)
+    elif how:
+        kwargs["layout"] = "ragged" if how == 3 else "padded"
+        if how >= 2:
+            env[ENV_LAYOUT] = "padded"
+    if not ragged and defect != "ragged_only":
+        return
+    # T: unset (the default max(min(L, 2048), S)), or near its rules; the env wins over the kwarg.
+    values = tuple(v for v in (seqs, seqs + 1, max(seqs, 2), length, length + 1, 2 * length, 1 << 20) if v >= seqs)
+    budget = max(min(length, 2048), seqs)
+    where = ch.between(0, 3) if defect != "batched_tokens" else 1 + ch.between(0, 1)
+    if defect == "ragged_only":
+        where = pick(ch, (1, 2, 4, 5, 6))  # one ragged setting under padded: T, E or the query override
+    if where in (1, 3):
+        T = pick(ch, values)
+        edges = (seqs - 1, 0, -1, (1 << 20) + 1, True)
+        kwargs["max_num_batched_tokens"] = pick(ch, edges) if defect == "batched_tokens" else T
+        budget = T
+    if where in (2, 3):
+        T = pick(ch, values)
+        bad = pick(ch, (*_EDGE_TOKEN_TEXTS, str(seqs - 1))).format(T) if defect == "batched_tokens" else None
+        env[ENV_BATCHED_TOKENS] = bad or pick(ch, _LIMIT_TEXTS).format(T, T)
+        budget = T
+    if defect == "entries" or where == 4 or (ragged and ch.flag()):
+        kwargs["batched_decode_entries"] = pick(ch, _EDGE_ENTRIES) if defect == "entries" else pick(ch, (1, 2, 3, 32))
+    if defect == "query" or where in (5, 6) or (ragged and ch.flag()):
+        text = draw_raw_query(ch, budget, defect == "query")
+        if where == 5 or (where != 6 and ch.flag()):
+            env[ENV_QUERY_BUCKETS] = text
+        else:
+            kwargs["query_buckets"] = tuple(int(t) for t in text.split(",") if t.strip().lstrip("-").isdigit())
+    if defect == "limit_ragged":
+        value = max(1, length * seqs - ch.between(0, 1) * length)
+        if ch.flag():
+            kwargs["max_batch_tkv_limit"] = value
+        else:
+            env[ENV_BATCH_TKV] = str(value)
+
+
+def draw_raw_query(draw: Draw, T: int, defect: bool) -> str:
+    """A query ladder override (the rungs above 1) for budget T: increasing rungs in 2..T ending
+    at T; with `defect`, one rule broken: a rung of 1 or above T, a repeat, a missing top, out of
+    order, or a malformed piece. With T = 1 every override is refused."""
+    ch = choices(draw)
+    T = max(T, 1)
+    rungs = [*sorted({2 + ch.between(0, max(0, min(T, 64) - 3)) for _ in range(ch.between(0, 3))} - {T}), T]
+    if not defect:
+        return ",".join(map(str, rungs))
+    how = ch.between(0, 5)
+    if how == 0:
+        rungs = [1, *rungs]
+    elif how == 1:
+        rungs = [*rungs[:-1], T + 1]
+    elif how == 2:
+        rungs = [*rungs, T]
+    elif how == 3:
+        rungs = rungs[:-1] or [max(2, T - 1) if T > 2 else T + 1]
+    elif how == 4:
+        rungs = list(reversed(rungs)) if len(rungs) > 1 else [T, 2, T]
+    else:
+        return ",".join([*map(str, rungs[:-1]), pick(ch, _JUNK).format(T, T)])
+    return ",".join(map(str, rungs))
 
 
 def draw_raw_limit(
@@ -127,9 +242,9 @@ def draw_raw_limit(
         env[ENV_BATCH_TKV] = text.format(value, value)
 
 
-# The longest raw config reads ~40 bytes (a malformed KV override of four rungs and a
-# limit); bytes past the end read as zeros, so a longer tape only costs generation time.
-RAW_TAPE = 48
+# The longest raw config reads ~60 bytes (a malformed KV override of four rungs, then the
+# ragged settings); bytes past the end read as zeros, so a longer tape only costs generation time.
+RAW_TAPE = 72
 
 
 def raw_configs() -> st.SearchStrategy[tuple[dict[str, Any], dict[str, str]]]:
@@ -167,7 +282,16 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
             )
         ]
     r = accept.reading(kwargs, env)
-    got = accept.Reading(c.kv_buckets, c.batched_decode, c.backend, c.max_batch_tkv_limit)
+    got = accept.Reading(
+        c.kv_buckets,
+        c.batched_decode,
+        c.backend,
+        c.max_batch_tkv_limit,
+        c.layout,
+        c.max_num_batched_tokens,
+        c.batched_decode_entries,
+        c.query_buckets,
+    )
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"
         return [Finding("config", "config-acceptance", msg, None, c, details=where)]

@@ -1,7 +1,7 @@
 """Config acceptance, derived: whether DESIGN (and the runtime's documented limits) accept a
 config and its env, and what the env means.
 
-Written from DESIGN "Runtime semantics" and the rules `runtime/config.py` states in its
+Written from DESIGN "Runtime semantics", "The ragged layout, precisely" and the rules `runtime/config.py` states in its
 messages, with code of our own: the hunt's `config` property calls
 `RuntimeConfig.from_env(env, **kwargs)` and holds the runtime to these answers, so
 nothing here may call the runtime's parsers or validators.
@@ -18,7 +18,12 @@ ENV_KV = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
 ENV_TKV_LIMIT = "SPYRE_MAX_BATCH_TKV_LIMIT"
+ENV_LAYOUT = "SPYRE_LAYOUT"
+ENV_TOKENS = "SPYRE_MAX_NUM_BATCHED_TOKENS"
+ENV_QUERY = "SPYRE_ATTN_QUERY_BUCKETS"
+ENVS = (ENV_KV, ENV_BATCHED, ENV_BACKEND, ENV_TKV_LIMIT, ENV_LAYOUT, ENV_TOKENS, ENV_QUERY)
 BACKEND_NAMES = ("eager", "aot_eager", "inductor")
+LAYOUT_NAMES = ("padded", "ragged")
 KWARGS = (
     "block_size",
     "max_model_len",
@@ -28,8 +33,13 @@ KWARGS = (
     "batched_decode",
     "backend",
     "max_batch_tkv_limit",
+    "layout",
+    "max_num_batched_tokens",
+    "batched_decode_entries",
+    "query_buckets",
 )
 # The runtime's documented size limits (its messages name them): past any real config.
+MAX_BATCHED_TOKENS = 1 << 20  # a step's token budget
 MAX_SEQ_BLOCKS = 8192
 MAX_SEQS = 4096
 MAX_POOL = 1 << 22
@@ -43,7 +53,13 @@ DEFAULTS: dict[str, object] = {
     "batched_decode": True,
     "backend": "inductor",
     "max_batch_tkv_limit": None,
+    "layout": "padded",
+    "max_num_batched_tokens": None,
+    "batched_decode_entries": None,
+    "query_buckets": None,
 }
+# DESIGN "The ragged layout, precisely", Config: settings only the ragged layout uses.
+RAGGED_ONLY = ("max_num_batched_tokens", "batched_decode_entries", "query_buckets")
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,10 @@ class Reading:
     batched: bool
     backend: str
     tkv_limit: int | None = None  # max_batch_tkv_limit as set (the env wins); None: unset, never binding
+    layout: str = "padded"
+    batched_tokens: int | None = None  # max_num_batched_tokens as set (the env wins); None: the default
+    entries: int | None = None  # batched_decode_entries as set; None: the default
+    query_tokens: tuple[int, ...] | None = None  # the query rungs above 1 as set (the env wins); None: default
 
 
 def _count(value: object) -> bool:
@@ -61,16 +81,16 @@ def _count(value: object) -> bool:
     return type(value) is int and value >= 1
 
 
-def _token_list(text: str) -> tuple[int, ...] | str:
+def _token_list(text: str, name: str = ENV_KV) -> tuple[int, ...] | str:
     """Comma-separated token lengths, each an optionally signed run of ASCII digits; else why not."""
     values = []
     for part in text.split(","):
         part = part.strip()
         sign, digits = ("-", part[1:]) if part.startswith("-") else ("", part)
         if not digits or not all("0" <= ch <= "9" for ch in digits):
-            return f"{ENV_KV}: {part!r} is not a token length"
+            return f"{name}: {part!r} is not a token length"
         if len(digits) > MAX_DIGITS:
-            return f"{ENV_KV}: {part[:24]!r} has more than {MAX_DIGITS} digits"
+            return f"{name}: {part[:24]!r} has more than {MAX_DIGITS} digits"
         values.append(int(sign + digits))
     return tuple(values)
 
@@ -85,7 +105,7 @@ def _positive(text: str) -> int | None:
 
 def _set(env: Mapping[str, str]) -> dict[str, str]:
     """The modelled variables that are set: DESIGN counts one set to the empty string as unset."""
-    return {k: v for k in (ENV_KV, ENV_BATCHED, ENV_BACKEND, ENV_TKV_LIMIT) if (v := env.get(k, "")) != ""}
+    return {k: v for k in ENVS if (v := env.get(k, "")) != ""}
 
 
 def _env_problem(env: Mapping[str, str]) -> str | None:
@@ -100,6 +120,14 @@ def _env_problem(env: Mapping[str, str]) -> str | None:
             return parsed
     if ENV_TKV_LIMIT in env and _positive(env[ENV_TKV_LIMIT]) is None:
         return f"{ENV_TKV_LIMIT}={env[ENV_TKV_LIMIT]!r} is not a positive integer"
+    if ENV_LAYOUT in env and env[ENV_LAYOUT].strip() not in LAYOUT_NAMES:
+        return f"{ENV_LAYOUT}={env[ENV_LAYOUT]!r} is not a layout"
+    if ENV_TOKENS in env and _positive(env[ENV_TOKENS]) is None:
+        return f"{ENV_TOKENS}={env[ENV_TOKENS]!r} is not a positive integer"
+    if ENV_QUERY in env:
+        parsed = _token_list(env[ENV_QUERY], ENV_QUERY)
+        if isinstance(parsed, str):
+            return parsed
     return None
 
 
@@ -115,6 +143,12 @@ def settings(kwargs: Mapping[str, object], env: Mapping[str, str]) -> dict[str, 
         out["backend"] = env[ENV_BACKEND].strip()
     if ENV_TKV_LIMIT in env:
         out["max_batch_tkv_limit"] = _positive(env[ENV_TKV_LIMIT])
+    if ENV_LAYOUT in env:
+        out["layout"] = env[ENV_LAYOUT].strip()
+    if ENV_TOKENS in env:
+        out["max_num_batched_tokens"] = _positive(env[ENV_TOKENS])
+    if ENV_QUERY in env:
+        out["query_buckets"] = _token_list(env[ENV_QUERY], ENV_QUERY)
     return out
 
 
@@ -159,6 +193,9 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
         why = _kv_problem(kv, bs, L, per_seq)
         if why is not None:
             return why
+    why = _layout_problem(s, L, S)  # type: ignore[arg-type]
+    if why is not None:
+        return why
     pool = s["num_blocks"]
     if pool is not None:
         if not _count(pool) or pool > MAX_POOL:  # type: ignore[operator]
@@ -166,6 +203,53 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
         # DESIGN: the pool must hold one max_model_len request plus the null block.
         if pool < per_seq + 1:  # type: ignore[operator]
             return f"num_blocks={pool} cannot hold one max_model_len request ({per_seq} blocks) plus the null block"
+    return None
+
+
+def _layout_problem(s: Mapping[str, object], L: int, S: int) -> str | None:
+    """DESIGN "The ragged layout, precisely", Config and Ladders: the layout, the settings only one
+    layout uses, the token budget T, the entry target E and the query ladder override."""
+    layout = s["layout"]
+    if type(layout) is not str or layout not in LAYOUT_NAMES:
+        return f"layout={layout!r} is not one of {', '.join(LAYOUT_NAMES)}"
+    if layout == "ragged":
+        if s["max_batch_tkv_limit"] is not None:
+            return "the volumetric limit is a padded-layout setting, refused under layout=ragged"
+    else:
+        for name in RAGGED_ONLY:
+            if s[name] is not None:
+                return f"{name} is a ragged-layout setting, refused under layout={layout}"
+        return None
+    T = s["max_num_batched_tokens"]
+    if T is not None:
+        if not _count(T) or T > MAX_BATCHED_TOKENS:  # type: ignore[operator]
+            return f"max_num_batched_tokens={T!r} is not an integer in 1..{MAX_BATCHED_TOKENS}"
+        if T < S:  # type: ignore[operator]
+            return f"max_num_batched_tokens={T} is below max_num_seqs={S}"
+    E = s["batched_decode_entries"]
+    if E is not None and not _count(E):
+        return f"batched_decode_entries={E!r} is not a positive integer"
+    budget = max(min(L, 2048), S) if T is None else T
+    q = s["query_buckets"]
+    return None if q is None else _query_problem(q, budget)  # type: ignore[arg-type]
+
+
+def _query_problem(q: object, T: int) -> str | None:
+    """The query rungs above 1: increasing, no repeats, each above 1 and at most T, the last T;
+    with T = 1 the ladder is [1] and any override is refused."""
+    if not isinstance(q, tuple) or not q:
+        return f"query_buckets={q!r} is not a non-empty tuple"
+    if T == 1:
+        return "max_num_batched_tokens=1 leaves the query ladder [1]: no override can be set"
+    for r in q:
+        if type(r) is not int or r <= 1 or r > T:
+            return f"query rung {r!r} is not an integer in 2..{T}"
+    if len(set(q)) < len(q):
+        return f"query rungs {list(q)} repeat a rung"
+    if any(q[i] > q[i + 1] for i in range(len(q) - 1)):
+        return f"query rungs {list(q)} are not in increasing order"
+    if q[-1] != T:
+        return f"the top query rung {q[-1]} is not the token budget {T}"
     return None
 
 
@@ -191,6 +275,16 @@ def _kv_problem(kv: object, bs: int, L: int, per_seq: int) -> str | None:
 def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
     """What an accepted config means; only for one `config_problem` accepts."""
     s = settings(kwargs, env)
-    kv, limit = s["kv_buckets"], s["max_batch_tkv_limit"]
+    kv, limit, T, E, q = (s[k] for k in ("kv_buckets", "max_batch_tkv_limit", *RAGGED_ONLY))
     assert limit is None or isinstance(limit, int)
-    return Reading(kv if isinstance(kv, tuple) else None, bool(s["batched_decode"]), str(s["backend"]), limit)
+    assert (T is None or isinstance(T, int)) and (E is None or isinstance(E, int))
+    return Reading(
+        kv if isinstance(kv, tuple) else None,
+        bool(s["batched_decode"]),
+        str(s["backend"]),
+        limit,
+        str(s["layout"]),
+        T,
+        E,
+        q if isinstance(q, tuple) else None,
+    )
