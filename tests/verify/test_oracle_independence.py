@@ -19,7 +19,7 @@ import pytest
 import spyre_verify
 
 PACKAGE = Path(spyre_verify.__file__).parent
-FORBIDDEN_MODULES = {"runtime.ladders", "runtime.reachability"}
+FORBIDDEN_MODULES = {"runtime.ladders", "runtime.reachability", "runtime.ragged_reachability", "runtime.ragged_buckets"}
 # Modules whose answers are expected answers: the checkers and the oracle itself.
 JUDGES = sorted([*PACKAGE.glob("checks/*.py"), *PACKAGE.glob("oracle/*.py")])
 # The bucketer's answers, and the attributes that hold them.
@@ -38,6 +38,11 @@ BUCKETER_ANSWERS = {
     "num_seqs",
     "prefill_tokens",
     "limits",
+    "attend_bucket",
+    "chunked_bucket",
+    "query_rung",
+    "query_tokens",
+    "kv_members",
 }
 
 
@@ -193,11 +198,13 @@ def test_the_scan_sees_a_forbidden_import_and_a_bucketer_answer(tmp_path: Path) 
     bad.write_text(
         "from runtime.reachability import decode_reachable\n"
         "import runtime.ladders\n"
+        "from runtime.ragged_reachability import chunk_reach\n"
+        "from runtime import ragged_buckets\n"
         "def expected(engine):\n"
         "    return engine.bucketer.warm_set()\n"
     )
     assert imported_modules(bad) & FORBIDDEN_MODULES == FORBIDDEN_MODULES
-    assert bucketer_answers(bad) == ["bad.py:4: engine.bucketer.warm_set"]
+    assert bucketer_answers(bad) == ["bad.py:6: engine.bucketer.warm_set"]
     assert JUDGES, "the judges' modules were not found"
 
 
