@@ -35,7 +35,7 @@ from spyre_verify.session import serve as engine_serve
 from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
 
-IDS = ["1", "1b", "2", "3", "4", "5", "6", "7", "7b"]
+IDS = ["1", "1b", "2", "3", "4", "5", "6", "7", "7b", "7c"]
 FIELDS = {
     "id",
     "name",
