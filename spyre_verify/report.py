@@ -72,6 +72,18 @@ def config_payload(c: RuntimeConfig) -> dict[str, Any]:
     return d
 
 
+def layout_words(c: dict[str, Any]) -> str:
+    """A config payload's layout settings as a report's Config line names them: "" for padded."""
+    if c.get("layout", "padded") != "ragged":
+        return ""
+    words = (
+        f"{k}={c[k] if c.get(k) is not None else 'default'}"
+        for k in ("max_num_batched_tokens", "batched_decode_entries")
+    )
+    query = f" query_buckets={','.join(map(str, c['query_buckets']))}" if c.get("query_buckets") else ""
+    return f" layout=ragged {' '.join(words)}{query}"
+
+
 def md_title(kind: str, verdict: str, fault: str | None) -> list[str]:
     lines = [f"# spyre-verify {kind}: {verdict.upper()}", ""]
     return [*lines, f"Run under the seeded fault `{fault}`.", ""] if fault else lines

@@ -1,7 +1,9 @@
-"""Audit heatmaps: one PNG per decode kernel, drawn from the JSON payload alone.
+"""Audit heatmaps: one PNG per attention kernel, drawn from the JSON payload alone.
 
-Per-sequence decode is one row of KV-block rungs; batched decode is num_seqs by KV
-blocks, one panel per dispatchable flag pair. matplotlib is the optional `plot`
+Padded layout: per-sequence decode is one row of KV-block rungs; batched decode is num_seqs
+by KV blocks, one panel per dispatchable flag pair. Ragged layout: the per-sequence kernel is
+query rungs by KV blocks; the batched kernel is num_seqs by KV blocks, each cell the chunked
+key that pair realises (two pairs can share one). matplotlib is the optional `plot`
 extra: it is imported here, lazily, through the Agg canvas (no pyplot, no display).
 """
 
@@ -11,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runtime.bucketer import BATCHED, DECODE
+from runtime.bucketer import ATTEND, BATCHED, CHUNKED, DECODE
 from spyre_verify.audit.verdict import HIT, MISSED, NEVER_HIT, PRUNED
 
 CATEGORIES = (HIT, NEVER_HIT, PRUNED, MISSED)
@@ -46,9 +48,17 @@ def _axis(p: dict[str, Any], name: str) -> list[int]:
     for b in p["buckets"]:
         if b["kernel"] == BATCHED:
             rungs.add(b["key"][0 if name == "num_seqs" else 1])
-        elif b["kernel"] == DECODE and name == "kv_blocks":
+        elif b["kernel"] in (DECODE, ATTEND) and name == "kv_blocks":
             rungs.add(b["key"][0])
+        elif b["kernel"] == ATTEND and name == "query_tokens":
+            rungs.add(b["key"][1])
     return sorted(rungs)
+
+
+def chunked_cell(entries: int, seqs: int, kv: int) -> tuple[int, int, int]:
+    """DESIGN's chunked key of a (num_seqs rung, KV rung) pair."""
+    per_chunk = max(1, min(entries // seqs, kv))
+    return seqs, per_chunk, -(-kv // per_chunk)
 
 
 def panels(p: dict[str, Any], kernel: str) -> list[Panel]:
@@ -57,8 +67,16 @@ def panels(p: dict[str, Any], kernel: str) -> list[Panel]:
     rows = {tuple(b["key"]): b for b in p["buckets"] if b["kernel"] == kernel}
     if kernel == DECODE:
         return [("per-sequence decode", ["per-seq"], [[_cell(rows, (k,)) for k in kv]])] if kv else []
+    if kernel == ATTEND:
+        qs = _axis(p, "query_tokens")
+        cells = [[_cell(rows, (k, q)) for k in kv] for q in qs]
+        return [("per-sequence attention", [f"query {q}" for q in qs], cells)] if kv and qs else []
     if not kv or not seqs:
         return []
+    if kernel == CHUNKED:
+        entries = p["config"].get("batched_decode_entries") or 32  # DESIGN's default E
+        cells = [[_cell(rows, chunked_cell(entries, n, k)) for k in kv] for n in seqs]
+        return [("batched decode, chunked", [f"{n} seqs" for n in seqs], cells)]
     return [
         (title, [f"{n} seqs" for n in seqs], [[_cell(rows, (n, k, ng, so)) for k in kv] for n in seqs])
         for ng, so, title in BATCHED_PANELS
@@ -118,5 +136,5 @@ def write_heatmaps(p: dict[str, Any], out: Path, stem: str) -> list[Path] | None
         import matplotlib  # noqa: F401  # the optional `plot` extra
     except ImportError:
         return None
-    written = [draw(p, kernel, out / f"{stem}-{kernel}.png") for kernel in (DECODE, BATCHED)]
+    written = [draw(p, kernel, out / f"{stem}-{kernel}.png") for kernel in (DECODE, BATCHED, ATTEND, CHUNKED)]
     return [w for w in written if w is not None]

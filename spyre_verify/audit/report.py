@@ -9,7 +9,7 @@ from typing import Any
 from spyre_verify.audit.run import AuditResult
 from spyre_verify.audit.verdict import HIT, PRUNED, Row, conditions, failures, rows, verdict
 from spyre_verify.checks.describe import key_fields
-from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
+from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
 
 MAX_LISTED = 20  # failures shown in the Markdown; the JSON keeps them all
 
@@ -144,7 +144,7 @@ def markdown(p: dict[str, Any]) -> str:
     rt = p["runtime"]
     sizes = f"block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']}"
     if rt["design_contract"]:
-        config = f"Config: {sizes} pool={c['total_blocks']} batched_decode={c['batched_decode']}"
+        config = f"Config: {sizes} pool={c['total_blocks']} batched_decode={c['batched_decode']}{layout_words(c)}"
         buckets = (
             f"{tot['reachable']} reachable ({p['reachable_method']} walk of the contract), {tot['warmed']} warmed in "
             f"{tot['warmup_compile_seconds']} s, {tot['hit']} hit by their warm graph, {tot['pruned']} pruned by the "

@@ -7,7 +7,7 @@ from typing import Any
 from runtime.scheduler import FINISH_REASONS
 from spyre_verify.checks.violations import Checker
 from spyre_verify.controls import KillRow
-from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, md_title, table
+from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
 from spyre_verify.session import RunResult
 
 
@@ -91,7 +91,7 @@ def markdown(p: dict[str, Any]) -> str:
     c, w, cov = p["config"], p["warmup"], p["coverage"]
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
-        f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}",
+        f"pool={c['total_blocks']}{layout_words(c)} backend={c['backend']} device={c['device']}",
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
         f"Tokens match reference: {p['tokens_match_reference']}.",
         coverage_line(cov),

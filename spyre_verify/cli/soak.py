@@ -33,6 +33,7 @@ from spyre_verify.report import (
     SCHEMA_VERSION,
     config_payload,
     environment,
+    layout_words,
     md_title,
     table,
     write_atomic,
@@ -237,7 +238,7 @@ def markdown(p: dict[str, Any]) -> str:
     lines = md_title("soak", p["verdict"], p["fault"])
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
-        f"pool={c['total_blocks']} backend={c['backend']} device={c['device']}. Seed {p['options']['seed']}.",
+        f"pool={c['total_blocks']}{layout_words(c)} backend={c['backend']} device={c['device']}. Seed {p['options']['seed']}.",
         "",
     ]
     rows = [
