@@ -59,7 +59,12 @@ class RaggedJudge:
         """Rule by rule, the likeliest cause first; `calls` and `tokens` are judged when given."""
         s, out = self.last, []
         if admitted != s.admitted:
-            why = f": {s.held_back}" if s.held_back else " (the head of the queue, arrival order)"
+            if s.held_back:
+                why = f": {s.held_back}"
+            elif admitted is None:
+                why = " (a slot is free, nothing is prefilling, and its reservation fits)"
+            else:
+                why = " (the head of the queue, arrival order)"
             out.append(("admission", f"engine admitted {admitted}, contract admits {s.admitted}{why}"))
         elif kind != s.kind and kind == "idle":
             out.append(("stall", f"engine idles, contract runs a {s.kind} step"))
@@ -122,6 +127,8 @@ class RaggedJudge:
                     f"free blocks: engine {free_blocks}, contract {self.U - self.reserved}{ended} (an ended request's blocks and reservation return in the same step)",
                 )
             )
+        if not out and kind != s.kind:  # the calls agree, so only the step's name is wrong
+            out.append(("dispatch", f"step kind: engine {kind!r}, contract {s.kind!r} (decodes, a chunk, or both)"))
         return out
 
     def _held(
