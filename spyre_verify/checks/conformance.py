@@ -25,6 +25,10 @@ out must not be refused (`wrongly-refused-abort`), and one that returns must hav
 request with an abort event (`silent-abort`). Every state event carries its step's number,
 and each finish event the number of the state event it follows (`step-number`).
 
+Ragged layout (`engine.config.layout`): the model is `oracle.ragged_model.RaggedModel`, and a step
+is also judged by its kernel calls and the requests that got a token (`StepTap`); the step token
+budget and entry target replace the volumetric limit among the start-up values.
+
 After the first divergence the model adopts the engine's state and keeps going, rather
 than stopping: one bug is reported once (later differences are only counted), while the
 request gate and the end-of-run liveness check stay meaningful for the rest of the run.
@@ -36,9 +40,12 @@ from collections import Counter
 from typing import Any
 
 from runtime.events import FinishEvent, RequestEvent, RowState, StateEvent
+from spyre_verify.checks.step_tap import StepTap
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle import derive
 from spyre_verify.oracle.model import ContractModel
+from spyre_verify.oracle.ragged_compare import describe_ragged
+from spyre_verify.oracle.ragged_model import RaggedModel, ragged_values
 
 
 class ContractConformance(Checker):
@@ -62,7 +69,12 @@ class ContractConformance(Checker):
         self.ended: dict[str, tuple[tuple[int, ...], str]] = {}  # each finish event's tokens and reason
 
     def attach(self, engine: Any) -> None:
-        self.model = ContractModel(engine.config)
+        # The layout picks the model; a ragged step is also judged by its calls and tokens (`StepTap`).
+        self.ragged = getattr(engine.config, "layout", "padded") == "ragged"
+        self.model: ContractModel | RaggedModel = (RaggedModel if self.ragged else ContractModel)(engine.config)
+        self.tap: StepTap | None = StepTap() if self.ragged else None
+        if self.tap is not None:
+            engine.subscribe(self.tap)
         self.vocab = engine.config.model.vocab_size
         self.tokens = frozenset(range(self.vocab))
         self.eos = engine.config.model.eos_token_id
@@ -77,19 +89,22 @@ class ContractConformance(Checker):
         block, each held to DESIGN's arithmetic on the raw config fields (`derive`). The model judges
         with the derived values, so a runtime off by one here would otherwise be judged against a pool
         it does not have, or, worse, a model that read the same wrong number would agree with it."""
-        c, want = engine.config, derive.config_values(engine.config)
+        c = engine.config
+        want = ragged_values(c) if self.ragged else derive.config_values(c)
         said = {name: getattr(c, name) for name in want}
         # What it built, not only what its config says: the paging capability's pool size and null block.
         if "paging" in getattr(engine, "capabilities", ()):
             said["pool size (num_blocks)"], want["pool size (num_blocks)"] = engine.num_blocks, want["total_blocks"]
             said["null_block"], want["null_block"] = engine.null_block, derive.NULL_BLOCK
+        ragged = f"max_num_batched_tokens={c.max_num_batched_tokens}, batched_decode_entries={c.batched_decode_entries}"
+        limits = ragged if self.ragged else f"max_batch_tkv_limit={c.max_batch_tkv_limit}"
         for name, value in said.items():
             if value != want[name]:
                 self.flag(
                     "config-mismatch",
                     f"{name}: the runtime has {value!r}, DESIGN derives {want[name]!r} from block_size="
                     f"{c.block_size}, max_model_len={c.max_model_len}, max_num_seqs={c.max_num_seqs}, "
-                    f"num_blocks={c.num_blocks}, max_batch_tkv_limit={c.max_batch_tkv_limit}",
+                    f"num_blocks={c.num_blocks}, {limits}",
                 )
 
     # -- the request gate --------------------------------------------------------------------
@@ -212,9 +227,11 @@ class ContractConformance(Checker):
         elif not self._abort(ev):
             return
         rows, self.held = self.held, ev.rows
-        if model.agrees(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks):
+        state = (ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
+        seen = self.seen(ev)
+        if model.agrees(*state, **seen):
             return
-        diffs = model.differences(ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
+        diffs = model.differences(*state, **seen)
         if not diffs:  # the fast path's stricter reading (a reordered batch): DESIGN's rules hold
             return
         held = {r.request_id: r.blocks for r in rows}
@@ -226,12 +243,24 @@ class ContractConformance(Checker):
             message += f" (before it ended, {'; '.join(ended)})"
         self.rules[rule] += 1
         first = self.divergences == 1
-        batch = describe(ev)
+        batch = describe_ragged(ev) if self.ragged else describe(ev)
         # Resynchronise before flagging: a strict checker raises out of flag().
-        model.resync(ev.tkv, ev.rows, ev.waiting)
+        self.resync(ev)
         if first:
             kind = "stall" if rule == "stall" else "divergence"
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
+
+    def seen(self, ev: StateEvent) -> dict[str, Any]:
+        """The ragged judge's extra evidence: the prefill, and a step's calls and tokens."""
+        if self.tap is None:
+            return {}
+        return {"prefill": ev.prefill, **(self.tap.take(ev.step) if ev.kind != "abort" else {})}
+
+    def resync(self, ev: StateEvent) -> None:
+        if isinstance(self.model, RaggedModel):
+            self.model.resync(ev.tkv, ev.rows, ev.waiting, ev.prefill)
+        else:
+            self.model.resync(ev.tkv, ev.rows, ev.waiting)
 
     def _abort(self, ev: StateEvent) -> bool:
         """Apply an abort event to the model; False (after flagging) when DESIGN refuses it."""
@@ -243,7 +272,7 @@ class ContractConformance(Checker):
             return True
         self.divergences += 1
         self.rules["abort"] += 1
-        model.resync(ev.tkv, ev.rows, ev.waiting)
+        self.resync(ev)
         if self.divergences == 1:
             self.flag("divergence", f"step {ev.step}: the engine aborted {rid!r}, but DESIGN refuses: {refusal}")
         return False
@@ -269,10 +298,12 @@ class ContractConformance(Checker):
         if engine.has_work() or not self.model.has_work():
             return
         m = self.model
+        pf = getattr(m, "prefill", None)
         self.flag(
             "stall",
             f"the engine has nothing left to do after {engine.steps} steps, but DESIGN still serves "
-            f"waiting {[w.request_id for w in m.waiting]} and running {[r.request_id for r in m.rows]}",
+            f"waiting {[w.request_id for w in m.waiting]} and running {[r.request_id for r in m.rows]}"
+            + (f" and prefilling {pf.request_id}" if pf is not None else ""),
         )
 
     def check_records(self, finished: Any) -> None:

@@ -1,0 +1,244 @@
+"""A tensor-free model of DESIGN "The ragged layout, precisely", run in lockstep with an engine.
+
+Written from the document, not from `runtime.ragged_scheduler`: a waiting queue in arrival
+order, at most one prefilling request (`c` of its `p` prompt tokens computed), and the running
+rows in the order their prefill ended. A step admits the head of the queue only (a free slot,
+nothing prefilling, and its whole reservation `ceil((p + max_tokens - 1) / bs)` fits beside the
+admitted ones within `U`), decodes every running row once, then computes the chunk
+`q = min(p - c, T - d)`; a prompt that completes yields its first token and joins the end of
+running. Finishes (length, stop) and aborts (of a waiting, prefilling or running request) return
+blocks and reservation in the same step. There is no tkv, no shift and no strip.
+
+API, the shape of `oracle.model.ContractModel` so one checker drives either:
+- `RaggedModel(config)`: `rows` (`RaggedRow`), `prefill` (`Prefilling` or None), `waiting` (`Pending`).
+- `reject_reason(prompt_len, max_tokens)`, `add(request_id, prompt_len, max_tokens)`, `has_work()`.
+- `step(stopped=()) -> RaggedStep` (also kept as `last`): one engine step; `stopped` names the
+  requests whose token this step was a stop token (the model never sees token values).
+- `abort_refusal(request_id)`, `abort(request_id) -> RaggedStep` (kind "abort").
+- `diff`, `agrees`, `differences` (from `oracle.ragged_compare.RaggedJudge`): how an engine's state,
+  dispatches and tokens after the same step differ, as (rule, message), the likeliest cause first.
+- `resync(tkv, rows, waiting, prefill=None)`: adopt an engine's state after a divergence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from runtime.config import RuntimeConfig
+from runtime.events import PrefillState, RowState
+from spyre_verify.oracle.derive import ceil_div, pool_blocks, usable_blocks
+from spyre_verify.oracle.model import Pending
+from spyre_verify.oracle.ragged_compare import RaggedJudge
+
+
+@dataclass(slots=True)
+class RaggedRow:
+    request_id: str
+    cached: int  # n: the prompt and every generated token but the newest
+    generated: int
+    max_tokens: int
+    reservation: int  # blocks it can ever need: held plus still promised
+
+
+@dataclass(slots=True)
+class Prefilling:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    computed: int  # c
+    reservation: int
+
+
+@dataclass(slots=True)
+class RaggedStep:
+    kind: str  # "decode", "prefill" (a chunk alone), "mixed", "idle" or "abort"
+    admitted: str | None
+    decodes: tuple[tuple[str, int], ...]  # each decoding row and the seq_len its call attends (n + 1)
+    chunk: tuple[str, int, int, int, int] | None  # (request, c before, q, p, d): the budget's inputs
+    completes: bool  # the chunk ended its prompt, so its request got its first token
+    finished: tuple[str, ...]
+    rules: tuple[str, ...]  # the rules that fired, in order
+    held_back: str  # why the head of the queue was not admitted ("" when it was, or none waits)
+
+    @property
+    def token_rows(self) -> tuple[str, ...]:
+        """The requests that got a token: every decoding row, then a completed prompt's."""
+        done = (self.chunk[0],) if self.chunk is not None and self.completes else ()
+        return tuple(rid for rid, _ in self.decodes) + done
+
+
+IDLE = RaggedStep("idle", None, (), None, False, (), (), "")
+
+
+class RaggedModel(RaggedJudge):
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.bs, self.L, self.S = config.block_size, config.max_model_len, config.max_num_seqs
+        # From the raw fields (DESIGN), not the runtime's properties: an off-by-one in the
+        # runtime's arithmetic must show as a divergence, not move the model along with it.
+        values = ragged_values(config)
+        self.U, self.T = values["usable_blocks"], values["token_budget"]
+        self.tkv = 0  # the ragged layout has none; kept for the checker's shared reading
+        self.rows: list[RaggedRow] = []
+        self.prefill: Prefilling | None = None
+        self.waiting: deque[Pending] = deque()
+        self.known: dict[str, Pending] = {}
+        self.reserved = 0  # the admitted requests' reservations, the prefilling one's included
+        self.last: RaggedStep = IDLE
+
+    # -- requests --------------------------------------------------------------------------
+    def reject_reason(self, prompt_len: int, max_tokens: int) -> str | None:
+        if prompt_len < 1:
+            return "the prompt is empty"
+        if max_tokens < 1:
+            return f"max_tokens={max_tokens} is below 1"
+        if prompt_len + max_tokens > self.L:
+            return f"a prompt of {prompt_len} plus max_tokens={max_tokens} exceeds max_model_len={self.L}"
+        return None
+
+    def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        pending = Pending(request_id, prompt_len, max_tokens)
+        self.known[request_id] = pending
+        self.waiting.append(pending)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.rows or self.prefill)
+
+    def need(self, prompt_len: int, max_tokens: int) -> int:
+        """DESIGN Admission.: every block the request can ever need, up to its last cached token."""
+        return ceil_div(prompt_len + max_tokens - 1, self.bs)
+
+    def held_back(self) -> str:
+        """Why the head of the queue cannot start prefilling now; "" when it can (or none waits)."""
+        if not self.waiting:
+            return ""
+        pf = self.prefill
+        if pf is not None:
+            return f"{pf.request_id} is still prefilling ({pf.computed} of {pf.prompt_len} prompt tokens computed)"
+        if len(self.rows) >= self.S:
+            return f"no slot is free ({len(self.rows)} running, max_num_seqs={self.S})"
+        head = self.waiting[0]
+        need = self.need(head.prompt_len, head.max_tokens)
+        if self.reserved + need > self.U:
+            return f"{head.request_id} needs {need} blocks, and {self.reserved} of the {self.U} usable are reserved"
+        return ""
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self, stopped: Collection[str] = ()) -> RaggedStep:
+        rules: list[str] = []
+        why = self.held_back()
+        admitted = None
+        if self.waiting and not why:
+            head = self.waiting.popleft()
+            need = self.need(head.prompt_len, head.max_tokens)
+            self.prefill = Prefilling(head.request_id, head.prompt_len, head.max_tokens, 0, need)
+            self.reserved += need
+            admitted = head.request_id
+            rules.append("admission")
+        rows, pf = self.rows, self.prefill
+        if not rows and pf is None:
+            self.last = IDLE
+            return IDLE
+        d = len(rows)
+        decodes = tuple((r.request_id, r.cached + 1) for r in rows)  # the input lands at position n
+        for r in rows:
+            r.cached += 1
+            r.generated += 1
+        if d:
+            rules.append("decode")
+        chunk, completes = None, False
+        if pf is not None:
+            q = min(pf.prompt_len - pf.computed, self.T - d)  # DESIGN Budget.; never 0 (a slot is held)
+            chunk = (pf.request_id, pf.computed, q, pf.prompt_len, d)
+            pf.computed += q
+            rules.append("budget")
+            if pf.computed == pf.prompt_len:
+                completes, self.prefill = True, None
+                rows.append(RaggedRow(pf.request_id, pf.prompt_len, 1, pf.max_tokens, pf.reservation))
+                rules.append("join")
+        got = {rid for rid, _ in decodes} | ({chunk[0]} if completes and chunk else set())
+        stops = got & set(stopped) if stopped else set()
+        ends = [r for r in rows if r.generated >= r.max_tokens or r.request_id in stops]
+        if ends:
+            self.reserved -= sum(r.reservation for r in ends)
+            self.rows = [r for r in rows if r not in ends]
+            if any(r.generated >= r.max_tokens for r in ends):
+                rules.append("finish")
+            if any(r.generated < r.max_tokens for r in ends):
+                rules.append("stop")
+        kind = "mixed" if d and chunk else "decode" if d else "prefill"
+        finished = tuple(r.request_id for r in ends)
+        self.last = RaggedStep(kind, admitted, decodes, chunk, completes, finished, tuple(rules), why)
+        return self.last
+
+    # -- abort ---------------------------------------------------------------------------------
+    def abort_refusal(self, request_id: str) -> str | None:
+        """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
+        live = [w.request_id for w in self.waiting] + [r.request_id for r in self.rows]
+        if request_id in live or (self.prefill is not None and self.prefill.request_id == request_id):
+            return None
+        return "it has ended" if request_id in self.known else "no such request"
+
+    def abort(self, request_id: str) -> RaggedStep:
+        """A waiting request leaves the queue; a prefilling or running one returns its blocks and its
+        whole reservation at once, and an aborted prefill frees the slot for the next admission."""
+        why = self.abort_refusal(request_id)
+        if why is not None:
+            raise LookupError(f"cannot abort {request_id!r}: {why}")
+        pf = self.prefill
+        if pf is not None and pf.request_id == request_id:
+            self.prefill = None
+            self.reserved -= pf.reservation
+        elif any(r.request_id == request_id for r in self.rows):
+            row = next(r for r in self.rows if r.request_id == request_id)
+            self.rows.remove(row)
+            self.reserved -= row.reservation
+        else:
+            self.waiting = deque(w for w in self.waiting if w.request_id != request_id)
+        self.last = RaggedStep("abort", None, (), None, False, (request_id,), ("abort",), "")
+        return self.last
+
+    # -- recovery ------------------------------------------------------------------------------
+    def resync(
+        self, tkv: int, rows: Sequence[RowState], waiting: Sequence[str], prefill: PrefillState | None = None
+    ) -> None:
+        """Adopt an engine's state, so one divergence is reported once and later steps still count."""
+        known = self.known
+
+        def max_tokens(rid: str, fallback: int) -> int:
+            return known[rid].max_tokens if rid in known else fallback
+
+        self.rows = [
+            RaggedRow(
+                e.request_id,
+                e.num_cached,
+                e.generated,
+                max_tokens(e.request_id, e.generated),
+                len(e.blocks) + e.reserved,
+            )
+            for e in rows
+        ]
+        pf = prefill
+        self.prefill = (
+            None
+            if pf is None
+            else Prefilling(
+                pf.request_id, pf.prompt_len, max_tokens(pf.request_id, 1), pf.computed, len(pf.blocks) + pf.reserved
+            )
+        )
+        self.reserved = sum(r.reservation for r in self.rows) + (self.prefill.reservation if self.prefill else 0)
+        self.waiting = deque(known[rid] for rid in waiting if rid in known)
+
+
+def ragged_values(c: RuntimeConfig) -> dict[str, int]:
+    """DESIGN "Config." for the ragged layout, from the raw fields, named as the runtime's config names
+    them: the pool (as for the padded layout), the step token budget T and the entry target E. No
+    volumetric limit: it is a padded-layout setting."""
+    T = c.max_num_batched_tokens
+    return {
+        "total_blocks": pool_blocks(c),
+        "usable_blocks": usable_blocks(c),
+        "token_budget": max(min(c.max_model_len, 2048), c.max_num_seqs) if T is None else T,
+        "decode_entries": 32 if c.batched_decode_entries is None else c.batched_decode_entries,
+    }
