@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import runtime
 import spyre_verify
-from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, DecodeKey
+from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.hunt.strategies import Op, StepPoint
+from spyre_verify.oracle.derive import kv_dim
 from spyre_verify.oracle.walk import Action
 from spyre_verify.report import config_payload
 
@@ -104,8 +105,8 @@ def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
 
 
 def kv_of(bucket: Bucket) -> int:
-    """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens
+    """The KV dimension of a key (`derive.kv_dim`): blocks, or tokens for prefill."""
+    return kv_dim(bucket)
 
 
 def warm_ladder(warm: Iterable[Bucket], kernel: str) -> dict[str, Any]:

@@ -10,7 +10,19 @@ import bisect
 import functools
 from dataclasses import dataclass
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
+from runtime.bucketer import (
+    ATTEND,
+    BATCHED,
+    CHUNKED,
+    DECODE,
+    PREFILL,
+    AttendKey,
+    BatchedKey,
+    Bucket,
+    ChunkedKey,
+    DecodeKey,
+    PrefillKey,
+)
 from runtime.config import RuntimeConfig
 
 
@@ -37,8 +49,15 @@ class Ladders:
     prefill_tokens: tuple[int, ...]
     batched: bool  # whether decodes of `min_batched` or more rows use the batched kernel
     min_batched: int = 2
+    # The ragged layout (DESIGN "The ragged layout, precisely"): its query ladder in tokens and the
+    # batched kernel's entry target E; a ragged config has no prefill ladder.
+    ragged: bool = False
+    query_tokens: tuple[int, ...] = ()
+    entries: int = 32
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
+        if self.ragged:
+            return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "query_tokens": self.query_tokens}
         return {"kv_blocks": self.kv_blocks, "num_seqs": self.num_seqs, "prefill_tokens": self.prefill_tokens}
 
 
@@ -49,8 +68,46 @@ def ladders(c: RuntimeConfig) -> Ladders:
     # DESIGN: "powers of two from the minimum batched size (2) up to max_num_seqs".
     low = c.min_batched_seqs
     seqs = doubling(low, c.max_num_seqs) if c.batched_decode else ()
+    if is_ragged(c):
+        # DESIGN: the num-seqs ladder as for padded (empty when batched decode is off or S < 2),
+        # a query ladder, and no whole-prompt prefill.
+        q, e = query_ladder(token_budget(c), c.query_buckets), decode_entries(c)
+        return Ladders(bs, kv, seqs, (), c.batched_decode and bool(seqs), low, True, q, e)
     prefill = tuple(bs * t for t in range(1, top + 1))
     return Ladders(bs, kv, seqs, prefill, c.batched_decode and bool(seqs), low)
+
+
+def is_ragged(c: RuntimeConfig) -> bool:
+    return c.layout == "ragged"
+
+
+def token_budget(c: RuntimeConfig) -> int:
+    """DESIGN "Config." (ragged): T, the set value, else max(min(max_model_len, 2048), max_num_seqs)."""
+    if c.max_num_batched_tokens is not None:
+        return c.max_num_batched_tokens
+    return max(min(c.max_model_len, 2048), c.max_num_seqs)
+
+
+def decode_entries(c: RuntimeConfig) -> int:
+    """DESIGN "Config." (ragged): E, the batched kernel's entry target, default 32."""
+    return 32 if c.batched_decode_entries is None else c.batched_decode_entries
+
+
+def query_ladder(T: int, override: tuple[int, ...] | None) -> tuple[int, ...]:
+    """DESIGN "Ladders." (ragged): 1 and the override's rungs; else 1, then the multiples of
+    min(512, T) below T, then T (T = 2048: 1, 512, 1024, 1536, 2048; T = 8: 1, 8; T = 1: 1)."""
+    if override is not None:
+        return (1, *override)
+    step = min(512, T)
+    rungs = [1]
+    r = step
+    while r < T:
+        if r > 1:
+            rungs.append(r)
+        r += step
+    if T > 1:
+        rungs.append(T)
+    return tuple(rungs)
 
 
 def batch_tkv_limit(c: RuntimeConfig) -> int:
@@ -78,7 +135,10 @@ def usable_blocks(c: RuntimeConfig) -> int:
 
 def config_values(c: RuntimeConfig) -> dict[str, int]:
     """Every derived pool and limit value, named as the runtime's config names them."""
-    return {"total_blocks": pool_blocks(c), "usable_blocks": usable_blocks(c), "batch_tkv_limit": batch_tkv_limit(c)}
+    out = {"total_blocks": pool_blocks(c), "usable_blocks": usable_blocks(c), "batch_tkv_limit": batch_tkv_limit(c)}
+    if is_ragged(c):
+        out |= {"token_budget": token_budget(c), "decode_entries": decode_entries(c)}
+    return out
 
 
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
@@ -110,12 +170,42 @@ def prefill_key(lad: Ladders, tkv: int) -> Bucket:
     return _prefill(ceil_div(tkv, lad.block_size) * lad.block_size)
 
 
+def attend_key(lad: Ladders, blocks: int, q: int) -> Bucket | None:
+    """Ragged: the per-sequence call over `blocks` table entries with `q` real queries (a decode
+    has q = 1): (kv(blocks), qrung(q)). None if no rung fits."""
+    kv, qr = rung(lad.kv_blocks, blocks), rung(lad.query_tokens, q)
+    return None if kv is None or qr is None else _attend(kv, qr)
+
+
+def chunked_key(lad: Ladders, seqs: int, blocks: int) -> Bucket | None:
+    """Ragged: the batched decode of `seqs` rows whose widest needs `blocks` entries. With
+    S' = seqs(seqs) and K = kv(blocks): blocks_per_chunk = max(1, min(E // S', K)) and
+    num_chunks = ceil(K / blocks_per_chunk). None if no rung fits."""
+    n, kv = rung(lad.num_seqs, seqs), rung(lad.kv_blocks, blocks)
+    if n is None or kv is None:
+        return None
+    bpc = max(1, min(lad.entries // n, kv))
+    return _chunked(n, bpc, ceil_div(kv, bpc))
+
+
+def ragged_decode_keys(lad: Ladders, blocks: tuple[int, ...]) -> tuple[Bucket | None, ...]:
+    """Ragged: the calls a step's decodes dispatch, rows needing `blocks` entries each: one batched
+    call when batched decode is on and there are enough rows, else one per-sequence call a row."""
+    if not blocks:
+        return ()
+    if lad.batched and len(blocks) >= lad.min_batched:
+        return (chunked_key(lad, len(blocks), max(blocks)),)
+    return tuple(attend_key(lad, m, 1) for m in blocks)
+
+
 def key_space(c: RuntimeConfig) -> frozenset[Bucket]:
     """Every key DESIGN's formulas give some batch shape, reachable or not: decodes of 1..S rows
     at tkv 1..L - 2 and prefills at tkv 1..L - 1, ignoring pool, volume and scheduling. A bucket
     outside it is unreachable on any run; it bounds the reachable set from above when the walk
     is only sampled. Rows and tkv are visited only where a key can change (at a rung and one
     past it), so it costs ladders, not L * S."""
+    if is_ragged(c):
+        return _ragged_key_space(c)
     lad, bs, L, S = ladders(c), c.block_size, c.max_model_len, c.max_num_seqs
     seqs = {1, S} | {x for n in (*lad.num_seqs, lad.min_batched) for x in (n - 1, n, n + 1) if 1 <= x <= S}
     top = ceil_div(L, bs)
@@ -125,6 +215,29 @@ def key_space(c: RuntimeConfig) -> frozenset[Bucket]:
     # A prefill pads to m blocks from tkv (m - 1) bs + 1 on; it needs that tkv <= L - 1.
     prefills = {prefill_key(lad, m * bs) for m in range(1, top + 1) if (m - 1) * bs + 1 <= L - 1}
     return frozenset(decodes | prefills)
+
+
+def _ragged_key_space(c: RuntimeConfig) -> frozenset[Bucket]:
+    """Ragged: every key DESIGN's formulas give some call, ignoring pool and scheduling. A call's
+    last position is at most L - 2 + 1 (the deepest cached position is L - 2; a decode writes one
+    past its row), so it needs at most ceil((L - 1) / bs) entries; a chunk of q <= min(T, L - 1)
+    queries ends at some e in [q, L - 1] and needs ceil(e / bs) entries; a batched decode has
+    `min_batched`..S rows. Visited by rung, so it costs ladders, not L * T."""
+    lad, bs, L, S = ladders(c), c.block_size, c.max_model_len, c.max_num_seqs
+    T = token_budget(c)
+    out: set[Bucket] = set()
+    for i, kv in enumerate(lad.kv_blocks):
+        low = lad.kv_blocks[i - 1] if i else 0  # the members of rung kv are low + 1 .. kv blocks
+        last = min(kv * bs, L - 1)  # the furthest end position (1-based) a call on this rung has
+        for j, qr in enumerate(lad.query_tokens):
+            q = (lad.query_tokens[j - 1] if j else 0) + 1  # the rung's smallest query
+            if q <= min(T, qr) and max(q, low * bs + 1) <= last:
+                out.add(_attend(kv, qr))
+        if low * bs + 1 <= last and lad.batched:
+            for s in range(max(2, lad.min_batched), S + 1):
+                if (k := chunked_key(lad, s, kv)) is not None:
+                    out.add(k)
+    return frozenset(out)
 
 
 # Buckets are immutable: one object per key serves every caller. The hunts ask for millions
@@ -144,6 +257,23 @@ def _prefill(tokens: int) -> Bucket:
     return Bucket(PREFILL, PrefillKey(tokens))
 
 
+@functools.lru_cache(maxsize=4096)
+def _attend(kv: int, q: int) -> Bucket:
+    return Bucket(ATTEND, AttendKey(kv, q))
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunked(n: int, bpc: int, nc: int) -> Bucket:
+    return Bucket(CHUNKED, ChunkedKey(n, bpc, nc))
+
+
 def kv_dim(bucket: Bucket) -> int:
-    """The KV dimension of a key: blocks for decode and batched, tokens for prefill."""
-    return bucket.key.kv_blocks if isinstance(bucket.key, (DecodeKey, BatchedKey)) else bucket.key.tokens
+    """The KV dimension of a key: blocks for decode, batched and ragged per-sequence keys, tokens
+    for prefill, and for a chunked key its table width, blocks_per_chunk * num_chunks (the KV rung
+    itself, or above it when the chunks overshoot it)."""
+    key = bucket.key
+    if isinstance(key, (DecodeKey, BatchedKey, AttendKey)):
+        return key.kv_blocks
+    if isinstance(key, ChunkedKey):
+        return key.blocks_per_chunk * key.num_chunks
+    return key.tokens

@@ -30,17 +30,20 @@ from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
+from spyre_verify.oracle import ragged_walk
 from spyre_verify.oracle.derive import (
     Ladders,
     batch_tkv_limit,
     ceil_div,
     decode_key,
+    is_ragged,
     ladders,
     prefill_key,
     usable_blocks,
 )
+from spyre_verify.oracle.results import STATE_BUDGET, Action, Reachable, Shape, Walked
 
-STATE_BUDGET = 400_000
+__all__ = ["STATE_BUDGET", "Action", "Reachable", "Shape", "Walked", "reachable", "space", "to_bucket", "walk"]
 
 # (left padding, tokens still to generate). Left padding is kept rounded down to whole
 # blocks: only lp // bs ever matters (strip, shift and reservations), so rows that
@@ -48,53 +51,6 @@ STATE_BUDGET = 400_000
 Row = tuple[int, int]
 State = tuple[int, tuple[Row, ...]]  # (tkv, sorted rows)
 EMPTY: State = (0, ())
-
-
-@dataclass(frozen=True)
-class Action:
-    """One event of a witness: a decode of the batch, a request that joins it (added just
-    before the step that prefills it), or the abort of a running request between steps.
-
-    `index` names the aborted request by arrival order: the index-th join of the witness,
-    counting from 0. Inside the walk, before a witness is built, it is the row's position
-    in the state's sorted rows.
-    """
-
-    kind: str  # "decode", "join" or "abort"
-    prompt_len: int = 0
-    max_tokens: int = 0
-    index: int = 0
-
-    def __str__(self) -> str:
-        if self.kind == "join":
-            return f"join({self.prompt_len}, {self.max_tokens})"
-        return f"abort(#{self.index})" if self.kind == "abort" else "decode"
-
-
-# A raw dispatch shape: ("decode", seqs, tkv) or ("prefill", post-shift tkv, 0).
-Shape = tuple[str, int, int]
-
-
-@dataclass(frozen=True)
-class Walked:
-    shapes: frozenset[Shape]
-    states: int
-    complete: bool  # False when the walk stopped at its state budget, or sampled
-    # A path (fewest aborts, then short) that dispatches each shape; an abort's index is
-    # still its row's position (`in_arrival_order` names the request).
-    paths: dict[Shape, tuple[Action, ...]]
-
-
-@dataclass(frozen=True)
-class Reachable:
-    buckets: frozenset[Bucket]
-    method: str  # "exhaustive" or "sampled"
-    states: int
-    witnesses: dict[Bucket, tuple[Action, ...]]  # actions from an empty engine; the last one dispatches it
-
-    @property
-    def exhaustive(self) -> bool:
-        return self.method == "exhaustive"
 
 
 @dataclass(frozen=True)
@@ -308,7 +264,11 @@ def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, 
     Above `budget` states: random walks (`sampled=True`, seconds on a large config), or
     just the breadth-first part walked within the budget (`sampled=False`, for hunts that
     see thousands of configs).
+
+    A ragged config is walked by `oracle.ragged_walk`, with the same arguments and results.
     """
+    if is_ragged(config):
+        return ragged_walk.reachable(config, budget, seed, sampled)
     sp = space(config)
     walked = walk(sp, max_states=budget)
     method = "exhaustive"
