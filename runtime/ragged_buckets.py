@@ -59,22 +59,32 @@ def _why_not_attend(b: SpyreAttnBucketer, lim: RaggedLimits, kv: int, q: int) ->
 
 
 def _chunk_fits(lim: RaggedLimits, ends: range, queries: range) -> bool:
-    """Some chunk with a query in `queries` ends (exclusive) in `ends`, within the pool."""
-    if not ends or not queries:
-        return False
-    T, S = lim.token_budget, lim.max_num_seqs
-    lo, hi = max(0, ends.start - (queries.stop - 1)), ends.stop - 1 - queries.start
-    if hi < 0:
-        return False
+    """Some chunk with a query in `queries` ends (exclusive) in `ends`, within the pool.
+
+    A chunk's start c is 0 (a first chunk) or a sum of k >= 1 whole chunks, each in
+    [T-S+1, T], so any c in [k(T-S+1), kT] for some k. The pool a chunk needs grows with its
+    end alone, so the first end that some valid start reaches is the cheapest."""
+    for e in ends if queries else ():
+        lo, hi = max(0, e - (queries.stop - 1)), e - queries.start
+        starts = _starts(lim, lo, hi) if hi >= 0 else None
+        if starts is not None:
+            p = chunk_pool(lim, e, e - starts.start)
+            return p is not None and p <= lim.usable_blocks
+    return False
+
+
+def _starts(lim: RaggedLimits, lo: int, hi: int) -> range | None:
+    """The valid chunk starts in [lo, hi] nearest lo, as a range; None when none is valid."""
     if lo == 0:
-        return _pool_fits(lim, ends, queries, 0)
-    k = max(1, -(-lo // T))
-    return k * (T - S + 1) <= hi and _pool_fits(lim, ends, queries, lo)
-
-
-def _pool_fits(lim: RaggedLimits, ends: range, queries: range, offset: int) -> bool:
-    e = max(ends.start, queries.start + offset)
-    return any(p is not None and p <= lim.usable_blocks for p in (chunk_pool(lim, e, e - offset),))
+        return range(0, 1)
+    T, S = lim.token_budget, lim.max_num_seqs
+    k = max(1, -(-lo // T))  # the first k whose interval [k(T-S+1), kT] reaches lo
+    while k * (T - S + 1) <= hi:
+        a, b = max(lo, k * (T - S + 1)), min(hi, k * T)
+        if a <= b:
+            return range(a, b + 1)
+        k += 1
+    return None
 
 
 def _why_not_batched(b: SpyreAttnBucketer, lim: RaggedLimits, n: int, kv: int) -> str | None:
