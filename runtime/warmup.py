@@ -33,7 +33,9 @@ def warm_plan(bucketer: SpyreAttnBucketer, seams: Seams = Seams()) -> list[Bucke
 
 
 class WarmupRecorder:
-    def __init__(self, bucketer: SpyreAttnBucketer, attention: PagedAttention | RaggedAttention, seams: Seams = Seams()) -> None:
+    def __init__(
+        self, bucketer: SpyreAttnBucketer, attention: PagedAttention | RaggedAttention, seams: Seams = Seams()
+    ) -> None:
         self.bucketer = bucketer
         self.attention = attention
         self.seams = seams
