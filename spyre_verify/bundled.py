@@ -21,6 +21,7 @@ from runtime.errors import RequestError
 from runtime.model import TinyTransformer
 from runtime.warmup import Seams
 from spyre_verify.checks.control_calls import Control, control_calls
+from spyre_verify.checks.ragged_controls import ragged_control_calls
 from spyre_verify.oracle.reference import ReferenceRun, generate
 from spyre_verify.protocol import CAPABILITIES, Settings
 
@@ -71,7 +72,8 @@ class BundledRuntime(Engine):
         self.attention.call(bucket, self.attention.args_for(bucket))
 
     def controls(self) -> list[Control]:
-        return control_calls(self)
+        # Each layout's controls travel its own serving entry point.
+        return ragged_control_calls(self) if self.config.ragged else control_calls(self)
 
     def kernel_accounts(self) -> Mapping[str, Any]:
         return self.attention.runners

@@ -154,6 +154,7 @@ def stride_control(engine: Any) -> Control:
 
 
 def control_calls(engine: Any) -> list[Control]:
-    """Both controls, chosen before either runs (the first one's graph must not steer the second)."""
+    """Both controls, chosen before either runs (the first one's graph must not steer the second).
+    A ragged engine's are `checks.ragged_controls`', through its own entry point."""
     size = fresh_size_control(engine)
     return [*([size] if size is not None else []), stride_control(engine)]

@@ -155,11 +155,13 @@ class Short:
 class CallLedger:
     """Calls each kernel's serving dispatches imply, beside the graph hits the counting backend saw.
 
-    `calls_per_dispatch(ev)` says how many kernel calls a dispatch makes. Only the kernel's own
-    calls run between one dispatch and its step's `step` event, so each dispatch is judged on its
-    own, when that event says the step finished (`step_done`). A dispatch whose step never
+    `calls_per_dispatch(ev)` says how many kernel calls a dispatch makes. A step announces all its
+    dispatches before any of its calls run (the padded layout one, the ragged layout one per
+    call: decodes, then the chunk), and only their calls run until its `step` event says it
+    finished (`step_done`); so a step's dispatches are judged together, per kernel: the calls
+    they imply against the kernel's hits since the step's first dispatch of it. A step that never
     finished (a strict checker, the serving guard or the runtime raised mid-step) made only some
-    of its calls and is not judged; a retried step announces its dispatch again.
+    of its calls and is not judged; a retried step announces its dispatches again.
     """
 
     counter: CountingBackend
@@ -167,29 +169,34 @@ class CallLedger:
     expected: Counter[str] = field(default_factory=Counter)
     start: Counter[str] | None = None  # the counter's hits at the first serving dispatch
     first_short: dict[str, Short] = field(default_factory=dict)
-    _open: tuple[DispatchEvent, int, int] | None = None  # (dispatch, its calls, its kernel's hits before it)
+    # The open step's dispatches: (dispatch, its calls, its kernel's hits before it).
+    _open: list[tuple[DispatchEvent, int, int]] = field(default_factory=list)
 
     def dispatch(self, ev: DispatchEvent) -> None:
         if self.start is None:
             self.start = Counter(self.counter.hits)
-        self._open = (ev, self.calls_per_dispatch(ev), self.counter.hits[ev.kernel])
+        if self._open and self._open[0][0].step != ev.step:
+            self._open = []  # the open step never finished: a retry announces it again
+        self._open.append((ev, self.calls_per_dispatch(ev), self.counter.hits[ev.kernel]))
 
     def step_done(self, step: int) -> None:
-        if self._open is not None and self._open[0].step == step:
+        if self._open and self._open[0][0].step == step:
             self.close()
 
     def interrupted(self) -> None:
-        self._open = None
+        self._open = []
 
     def close(self) -> None:
-        if self._open is None:
-            return
-        ev, n, before = self._open
-        self._open = None
-        self.expected[ev.kernel] += n
-        got = self.counter.hits[ev.kernel] - before
-        if got < n and ev.kernel not in self.first_short:
-            self.first_short[ev.kernel] = Short(ev.step, str(ev.bucket), n, got)
+        opened, self._open = self._open, []
+        per_kernel: dict[str, tuple[DispatchEvent, int, int]] = {}
+        for ev, n, before in opened:  # the first dispatch of a kernel keeps its hits before the step's calls
+            first, total, start = per_kernel.get(ev.kernel, (ev, 0, before))
+            per_kernel[ev.kernel] = (first, total + n, start)
+        for kernel, (first, n, before) in per_kernel.items():
+            self.expected[kernel] += n
+            got = self.counter.hits[kernel] - before
+            if got < n and kernel not in self.first_short:
+                self.first_short[kernel] = Short(first.step, str(first.bucket), n, got)
 
     def counted(self) -> Counter[str]:
         """Hits per kernel since the first serving dispatch."""

@@ -5,7 +5,9 @@ For a `design_contract` runtime each served dispatch's bucket is also compared w
 oracle's key for its batch (`wrong-key`): DESIGN "Decode step" and "Prefill (join)" give the
 key from the rows and tkv alone (`oracle.derive.decode_key` / `prefill_key`), so a builder
 that rounds wrongly on serving traffic is caught where it happens, not only by the start-up
-probe of ladder-agreement."""
+probe of ladder-agreement. In the ragged layout each call's key follows from its own rows
+(`checks.ragged_calls.call_key`): an attend call's one row gives its blocks and query, a
+chunked call's widest row its blocks and its row count its seqs."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 from runtime.bucketer import PREFILL, Bucket
 from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.describe import describe_batch, key_fields, ordered
+from spyre_verify.checks.ragged_calls import call_key, describe_call
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.walk import reachable
@@ -104,14 +107,16 @@ class DispatchCoverage(Checker):
         self.keys_compared += 1
         b = ev.batch
         rows = len(b.request_ids)
-        want = prefill_key(self.lad, b.tkv) if ev.kernel == PREFILL else decode_key(self.lad, rows, b.tkv)
+        want: Bucket | None
+        if self.lad.ragged:
+            want = call_key(self.lad, ev.kernel, b.seq_lens, b.query_lens)
+            what = describe_call(ev.kernel, b.seq_lens, b.query_lens)
+        elif ev.kernel == PREFILL:
+            want, what = prefill_key(self.lad, b.tkv), f"a prefill at tkv {b.tkv}"
+        else:
+            want, what = decode_key(self.lad, rows, b.tkv), f"a decode of {rows} row{'s' * (rows != 1)} at tkv {b.tkv}"
         if ev.bucket == want:
             return
-        what = (
-            f"a prefill at tkv {b.tkv}"
-            if ev.kernel == PREFILL
-            else f"a decode of {rows} row{'s' * (rows != 1)} at tkv {b.tkv}"
-        )
         batch = describe_batch(b)
         self.flag(
             "wrong-key",

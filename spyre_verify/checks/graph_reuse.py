@@ -107,8 +107,9 @@ class GraphReuse(Checker):
         super().attach(engine)
 
     def _calls_per_dispatch(self, engine: Any) -> Any:
-        """DESIGN's runtime calls a kernel once per layer, the per-sequence one once per row too; of
-        another runtime only one call per dispatch can be asked."""
+        """DESIGN's runtime calls a kernel once per layer, the padded per-sequence one once per row
+        too; a ragged dispatch is one call already (attend and chunked alike: no per-row fan-out),
+        so once per layer. Of another runtime only one call per dispatch can be asked."""
         if not self.contract:
             return lambda ev: 1
         layers = engine.config.model.num_layers

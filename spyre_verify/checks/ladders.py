@@ -15,46 +15,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from runtime.bucketer import BatchedKey, Bucket, PrefillKey
+from runtime.bucketer import Bucket, ChunkedKey
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, CompileEvent
 from runtime.metadata import MetadataBuilder, SeqState
+from spyre_verify.checks.disagreement import Disagreement, Shape, rungs_of
+from spyre_verify.checks.ragged_probe import probe_ragged, probes, step_probes
 from spyre_verify.checks.violations import Checker
-from spyre_verify.oracle.derive import Ladders, ceil_div, decode_key, kv_dim, ladders, prefill_key
+from spyre_verify.oracle.derive import Ladders, ceil_div, chunked_key, decode_key, ladders, prefill_key
 
-# ("decode", rows, tkv) or ("prefill", tkv, 0), as in `spyre_verify.oracle.walk`.
-Shape = tuple[str, int, int]
 DIMENSIONS = ("kv_blocks", "num_seqs", "prefill_tokens")
-
-
-@dataclass(frozen=True)
-class Disagreement:
-    """One way a component's behaviour departs from the oracle."""
-
-    kind: str  # "ladder-divergence", "key-mismatch" or "builder-error"
-    component: str  # "builder" or "warmup"
-    dimension: str  # a ladder name, or "bucket key"
-    message: str
-    bucket: Bucket | None = None  # a bucket that shows it
-    shape: Shape | None = None  # the batch shape that dispatched it (builder only)
 
 
 def describe(shape: Shape) -> str:
     kind, a, b = shape
     return f"a prefill at tkv {a}" if kind == "prefill" else f"a decode of {a} row{'s' * (a != 1)} at tkv {b}"
-
-
-def rungs_of(bucket: Bucket) -> dict[str, int]:
-    """The rung a bucket sits on in each ladder dimension it has."""
-    if isinstance(bucket.key, PrefillKey):
-        return {"prefill_tokens": bucket.key.tokens}
-    out = {"kv_blocks": kv_dim(bucket)}
-    if isinstance(bucket.key, BatchedKey):
-        out["num_seqs"] = bucket.key.num_seqs
-    return out
 
 
 # -- the builder, probed ---------------------------------------------------------------------------
@@ -92,8 +69,11 @@ def expected(lad: Ladders, shape: Shape) -> Bucket | None:
 
 
 def probe_builder(builder: MetadataBuilder, config: RuntimeConfig) -> list[Disagreement]:
-    """Probe every shape; the builder's ladders (rungs it picks) and keys against the oracle's."""
+    """Probe every shape; the builder's ladders (rungs it picks) and keys against the oracle's.
+    A ragged config's builder is probed by `checks.ragged_probe`."""
     lad = ladders(config)
+    if lad.ragged:
+        return probe_ragged(builder, config)
     seen: dict[str, dict[int, tuple[Shape, Bucket]]] = {d: {} for d in DIMENSIONS}
     mismatches: list[tuple[Shape, Bucket, Bucket | None]] = []
     bs, at = config.block_size, -1
@@ -159,6 +139,14 @@ def _shape_on(lad: Ladders, dim: str, rung: int) -> Shape:
     return ("decode", 1, (rung - 1) * lad.block_size)
 
 
+def probe_count(config: RuntimeConfig) -> int:
+    """How many shapes (ragged: calls and steps) `probe_builder` builds for `config`."""
+    lad = ladders(config)
+    if lad.ragged:
+        return sum(1 for _ in probes(None, lad, config.max_num_seqs)) + sum(1 for _ in step_probes(None, lad))
+    return config.max_model_len * (config.max_num_seqs + 1)
+
+
 # -- warmup, from the compile events ---------------------------------------------------------------
 def warm_disagreements(warm: Iterable[Bucket], config: RuntimeConfig, source: str) -> list[Disagreement]:
     """Every bucket warmup compiled sits on the oracle's ladders.
@@ -166,13 +154,15 @@ def warm_disagreements(warm: Iterable[Bucket], config: RuntimeConfig, source: st
     Rungs warmup lacks are named but not flagged here: a rung no batch state reaches
     is rightly never compiled, and warmup-exactness judges which are missing.
     """
-    truth = ladders(config).as_dict()
-    seen: dict[str, dict[int, Bucket]] = {d: {} for d in DIMENSIONS}
+    lad = ladders(config)
+    truth = lad.as_dict()
+    seen: dict[str, dict[int, Bucket]] = {d: {} for d in truth}
     for b in sorted(warm):
         for dim, r in rungs_of(b).items():
-            seen[dim].setdefault(r, b)
-    out = []
-    for dim in DIMENSIONS:
+            seen.setdefault(dim, {}).setdefault(r, b)
+    off = (_off_chunked(lad, b, source) for b in sorted(warm) if isinstance(b.key, ChunkedKey))
+    out = [d for d in off if d is not None]
+    for dim in truth:
         mine = tuple(sorted(seen[dim]))
         only = sorted(set(mine) - set(truth[dim]))
         if only:
@@ -184,6 +174,15 @@ def warm_disagreements(warm: Iterable[Bucket], config: RuntimeConfig, source: st
             )
             out.append(Disagreement("ladder-divergence", "warmup", dim, msg, b))
     return out
+
+
+def _off_chunked(lad: Ladders, b: Bucket, source: str) -> Disagreement | None:
+    """A chunked key warmup compiled that no (num_seqs rung, KV rung) pair of the oracle's gives."""
+    keys = {chunked_key(lad, n, kv) for n in lad.num_seqs for kv in lad.kv_blocks}
+    if b in keys:
+        return None
+    msg = f"warmup compiled {b} ({source}), a chunked key no pair of the oracle's num_seqs and kv_blocks rungs gives"
+    return Disagreement("ladder-divergence", "warmup", "chunked shape", msg, b)
 
 
 class LadderAgreement(Checker):
@@ -200,7 +199,7 @@ class LadderAgreement(Checker):
         super().attach(engine)
         # The probe needs no tensors, so it runs before warmup, on the builder serving will use.
         c = engine.config
-        self.probed = c.max_model_len * (c.max_num_seqs + 1)
+        self.probed = probe_count(c)
         for d in probe_builder(engine.builder, c):
             self._flag(d)
 
@@ -220,5 +219,5 @@ class LadderAgreement(Checker):
 
     def _flag(self, d: Disagreement) -> None:
         kernel = d.bucket.kernel if d.bucket is not None else None
-        batch = describe(d.shape) if d.shape is not None else None
+        batch = d.batch or (describe(d.shape) if d.shape is not None else None)
         self.flag(d.kind, d.message, kernel=kernel, bucket=str(d.bucket) if d.bucket else None, batch=batch)

@@ -5,7 +5,9 @@ A runner labels each compile with the bucket its caller named; the label is the 
 word. Dynamo names a graph's placeholders after the source arguments (`L_block_table_` for
 `block_table`) and drops the inputs the traced code never reads, so the batched kernel's
 flags show in its inputs: `row_real` is read only when it gathers, `out` only when it
-stores in place. Checked on torch 2.13 with the eager and aot_eager backends.
+stores in place. Ragged layout: an attend graph's `q` is [query rung, H, D] and its
+`block_table` [KV rung]; a chunked graph's `block_table` is [num_seqs, num_chunks,
+blocks_per_chunk]. Checked on torch 2.13 with the eager and aot_eager backends.
 """
 
 from __future__ import annotations
@@ -13,7 +15,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
+from runtime.bucketer import (
+    ATTEND,
+    BATCHED,
+    CHUNKED,
+    DECODE,
+    PREFILL,
+    AttendKey,
+    BatchedKey,
+    Bucket,
+    ChunkedKey,
+    DecodeKey,
+    PrefillKey,
+)
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.walk import reachable
 
@@ -38,6 +52,11 @@ def graph_bucket(kernel: str, shapes: Shapes) -> Bucket | None:
         return Bucket(BATCHED, BatchedKey(table[0], table[1], "row_real" in shapes, "out" in shapes))
     if kernel == PREFILL and q is not None and q:
         return Bucket(PREFILL, PrefillKey(q[0]))
+    if kernel == ATTEND and table is not None and len(table) == 1 and q:
+        return Bucket(ATTEND, AttendKey(table[0], q[0]))
+    if kernel == CHUNKED and table is not None and len(table) == 3:
+        n, chunks, per_chunk = table
+        return Bucket(CHUNKED, ChunkedKey(n, per_chunk, chunks))
     return None
 
 

@@ -1,0 +1,41 @@
+"""A ragged kernel call as the checkers judge it (DESIGN "The ragged layout, precisely"): the
+oracle's key for the rows it was handed, and the call in plain words.
+
+A call is known by what its dispatch event says of its rows: each row's seq_len (the positions
+it attends, its queries included) and query_len. A per-sequence call (`attend`) has one row and
+needs ceil(seq_len / bs) table entries with a query of query_len; a batched decode (`chunked`)
+needs the entries of its widest row. The key follows from those and the oracle's ladders alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.bucketer import ATTEND, CHUNKED, Bucket
+from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, chunked_key
+
+
+def call_key(lad: Ladders, kernel: str, seq_lens: Sequence[int], query_lens: Sequence[int]) -> Bucket | None:
+    """The oracle's key for a ragged call of `kernel` over these rows; None when no rung fits or
+    the rows are not a call of that kernel (an attend call of other than one row)."""
+    if not seq_lens:
+        return None
+    blocks = ceil_div(max(seq_lens), lad.block_size)
+    if kernel == ATTEND:
+        return attend_key(lad, blocks, query_lens[0]) if len(seq_lens) == 1 else None
+    if kernel == CHUNKED:
+        return chunked_key(lad, len(seq_lens), blocks)
+    return None
+
+
+def describe_call(kernel: str, seq_lens: Sequence[int], query_lens: Sequence[int]) -> str:
+    """A call in plain words: 'a chunk of 5 tokens at positions 7..11', 'a one-token call at
+    position 9' (a decode, or a prompt's last token), 'a decode of 3 rows, the widest at position 9'."""
+    if kernel == CHUNKED or len(seq_lens) != 1:
+        rows = len(seq_lens)
+        widest = max(seq_lens, default=0) - 1  # where its new token is written
+        return f"a decode of {rows} row{'s' * (rows != 1)}, the widest at position {widest}"
+    end, q = seq_lens[0], query_lens[0] if query_lens else 1
+    if q == 1:
+        return f"a one-token call at position {end - 1}"
+    return f"a chunk of {q} tokens at positions {end - q}..{end - 1}"
