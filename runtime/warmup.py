@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from runtime.bucketer import KERNELS, Bucket, SpyreAttnBucketer
 from runtime.events import WARMUP, CompileEvent
-from runtime.paged_attention import PagedAttention
-from runtime.ragged_attention import RaggedAttention
+
+if TYPE_CHECKING:  # a warm plan needs no tensors, so planning it must not load torch
+    from runtime.paged_attention import PagedAttention
+    from runtime.ragged_attention import RaggedAttention
 
 
 @dataclass(frozen=True)

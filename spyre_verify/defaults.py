@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import torch
-
 CHECK_DEFAULTS = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8, "backend": "aot_eager"}
 CHECK_REQUESTS = 40
 # The embedded sizes' volumetric limit (DESIGN "Volume."), chosen with the oracle's walk so that
@@ -19,4 +17,6 @@ CHECK_TKV_LIMIT = 28
 
 def single_thread() -> None:
     """The tiny model's ops are microseconds long; intra-op threads only add contention."""
+    import torch  # here, not at the top: the CLI answers a bad flag before torch loads
+
     torch.set_num_threads(1)

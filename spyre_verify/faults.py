@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from unittest import mock
 
-from runtime import attention, compiler, scheduler
+from runtime import scheduler
 from runtime.block_pool import BlockPool
 from runtime.bucketer import (
     ATTEND,
@@ -41,6 +41,7 @@ from runtime.requests import RequestQueue
 from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
+from spyre_verify.ragged_faults import own_query_ladder, query_override, wide_step_queries
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ def padding_at(block: Callable[[MetadataBuilder | RaggedBuilder], int]) -> Calla
 @contextlib.contextmanager
 def unmasked_kernels() -> Iterator[None]:
     """Every attention kernel built without its left-padding mask (`mask_padding=False`)."""
+    from runtime import attention  # loads torch: only a run that seeds the fault pays for it
+
     with contextlib.ExitStack() as stack:
         for name in ("make_decode", "make_batched", "make_prefill", "make_attend", "make_chunked"):
             unmasked = functools.partial(getattr(attention, name), mask_padding=False)
@@ -214,6 +217,8 @@ def limit_from_kv_ladder() -> Iterator[None]:
     ceil(log2(max_blocks_per_seq)) + 1, instead of from the bucket count: a kernel with
     more warm graphs than KV rungs (prefill has one a block) outruns it. Patched where the
     engine reads it."""
+    from runtime import compiler  # loads torch: only a run that seeds the fault pays for it
+
     real = compiler.compile_limits
 
     def compile_limits(config: RuntimeConfig, buckets: int) -> dict[str, int]:
@@ -305,6 +310,22 @@ CATALOG: dict[str, Fault] = {
             configure=_binding_limit,
             patch=unchecked_volume,
             layouts=("padded",),
+        ),
+        Fault(
+            "batch-wide-query-width",
+            "dispatch-coverage",
+            "every per-sequence call of a step is padded to the step's widest query, so a decode beside a "
+            "prefill chunk runs on the chunk's query rung",
+            patch=wide_step_queries,
+            layouts=("ragged",),
+        ),
+        Fault(
+            "builder-own-query-ladder",
+            "dispatch-coverage",
+            "the builder rounds queries on its own default ladder, ignoring SPYRE_ATTN_QUERY_BUCKETS",
+            configure=query_override,
+            patch=own_query_ladder,
+            layouts=("ragged",),
         ),
         Fault(
             "abort-leaks-blocks",

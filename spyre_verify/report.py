@@ -11,8 +11,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from runtime.config import RuntimeConfig
 
 SCHEMA_VERSION = 1
@@ -50,6 +48,8 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def environment(device: str, backend: str) -> dict[str, Any]:
+    import torch  # here, not at the top: the CLI answers a bad flag before torch loads
+
     name = (
         torch.cuda.get_device_name(0)
         if device.startswith("cuda") and torch.cuda.is_available()
