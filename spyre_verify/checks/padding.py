@@ -100,6 +100,8 @@ class PaddingValidity(Checker):
         if self._due and self._due[0][0] != ev.step:
             self._due = []
         self._due.append([ev.step, ev.kernel, ev.bucket, False])
+        if not self.by_lengths and is_ragged(ev.bucket):
+            self.ragged.dispatch(ev.step)
 
     def on_step(self, ev: Any) -> None:
         if self._due and self._due[0][0] == ev.step:

@@ -57,6 +57,22 @@ class RaggedSteps:
         self.step: int | None = None  # the step the promised writes below belong to
         self.writes: list[tuple[int, str]] = []  # (slot, writer), in dispatch order
         self.calls: dict[str, tuple[Bucket, int, int, tuple[int, ...]]] = {}  # rid -> bucket, seq_len, q, row
+        self.dispatched = self.tables = 0  # the step's dispatches, and the tables that came for them
+
+    def _begin(self, step: int) -> None:
+        if self.step != step:
+            self.step, self.writes, self.calls, self.dispatched, self.tables = step, [], {}, 0, 0
+
+    def dispatch(self, step: int) -> None:
+        self._begin(step)
+        self.dispatched += 1
+
+    def untabled(self, ev: KVWriteEvent) -> set[str]:
+        """Writers of a step some of whose dispatches came without a table: the missing-event rule
+        flags the dispatch, and its writes cannot be judged (nothing says where they belong)."""
+        if self.step != ev.step or self.tables >= self.dispatched:
+            return set()
+        return set(ev.writers) - self.calls.keys()
 
     def on_state(self, ev: StateEvent) -> None:
         self.state_step = ev.step
@@ -68,8 +84,8 @@ class RaggedSteps:
 
     def table(self, ev: BlockTableEvent) -> list[tuple[str, str]]:
         """Every broken rule of one ragged table; records the writes it promises."""
-        if self.step != ev.step:
-            self.step, self.writes, self.calls = ev.step, [], {}
+        self._begin(ev.step)
+        self.tables += 1
         # The state is current when it describes the step before (an abort's names this one);
         # before step 0 nothing is cached. A runtime without state events is judged without it.
         current = ev.step == 0 if self.state_step is None else self.state_step >= ev.step - 1
@@ -96,7 +112,10 @@ class RaggedSteps:
     def allowed(self, ev: KVWriteEvent) -> Iterable[int]:
         """The slots this step may change: those its tables promise (the announced ones when no
         ragged table came for it, as in the padded layout)."""
-        return [s for s, _ in self.writes] if self.step == ev.step else ev.slots
+        if self.step != ev.step:
+            return ev.slots
+        unjudged = self.untabled(ev)
+        return [s for s, _ in self.writes] + [s for s, w in zip(ev.slots, ev.writers, strict=True) if w in unjudged]
 
     def bucket_of(self, step: int, writer: str) -> Bucket | None:
         call = self.calls.get(writer) if self.step == step else None
@@ -116,9 +135,10 @@ class RaggedSteps:
         if want == got:
             return []
         out: list[tuple[str, str, Bucket | None]] = []
+        unjudged = self.untabled(ev)
         for rid in dict.fromkeys([*want, *got]):
             w, g = want.get(rid, []), got.get(rid, [])
-            if w == g:
+            if w == g or rid in unjudged:
                 continue
             if rid not in self.calls:
                 what = f"step {ev.step}: {rid} writes slots {spans(g)}, but no call of the step dispatched it"
