@@ -16,7 +16,7 @@ import spyre_verify.bundled
 from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket
 from runtime.config import RuntimeConfig
-from runtime.events import BlockTableEvent
+from runtime.events import BlockTableEvent, RowState, StateEvent
 from runtime.ragged_metadata import AttendMetadata, Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
@@ -262,3 +262,21 @@ def test_the_ragged_rules_name_shape_order_and_repeats() -> None:
     assert rules((1, 2, 3)) == [
         ("table-shape", "the table has 1 rows of 3 entries for 1 requests; the bucket's is 1 rows of 4 entries")
     ]
+
+
+def test_a_row_whose_queries_do_not_start_at_its_cached_tokens_is_flagged() -> None:
+    # After step 4, req-a has 9 tokens cached in blocks 1..3: its decode computes position 9.
+    checker = PaddingValidity()
+    checker.attach(Engine(RAGGED))
+    checker.ragged.on_state(StateEvent(4, "decode", None, 0, (RowState("a", 0, (1, 2, 3), 9, 2, 0),), (), (), 9))
+    owners = {1: "a", 2: "a", 3: "a"}
+    right = BlockTableEvent(ATTEND, BUCKET, 5, ("a",), (0,), (10,), 0, ((1, 2, 3, 0),), owners, 9, 0, (1,))
+    checker.on_block_table(right)
+    assert checker.ok, checker.violations
+    checker.on_block_table(dataclasses.replace(right, seq_lens=(11,)))
+    [v] = checker.violations
+    assert (v.kind, v.bucket) == ("bad-seq-len", "attend(4, 8)")
+    assert v.message == (
+        "step 5: a's seq_len is 11 with query_len 1, so its queries start at position 10, "
+        "but it had 9 tokens cached: DESIGN's seq_len is 10"
+    )
