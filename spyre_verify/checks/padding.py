@@ -95,13 +95,18 @@ class PaddingValidity(Checker):
         # own `step` event closes the account. Dispatches still open from an earlier step belong to
         # a step that never finished (a strict checker, the serving guard or the runtime raised
         # mid-step), whose later events were cut off by that raise, not left out by the runtime:
-        # they are not judged.
+        # they are not judged. So is a padded step's open dispatch (it makes one a step), and a
+        # ragged step whose KV writes already came: the step raised and is being run again.
         self.dispatches += 1
-        if self._due and self._due[0][0] != ev.step:
+        ragged = not self.by_lengths and is_ragged(ev.bucket)
+        again = self._wrote == ev.step
+        if self._due and (self._due[0][0] != ev.step or again or not ragged):
             self._due = []
+        if again:
+            self._wrote = None
         self._due.append([ev.step, ev.kernel, ev.bucket, False])
-        if not self.by_lengths and is_ragged(ev.bucket):
-            self.ragged.dispatch(ev.step)
+        if ragged:
+            self.ragged.dispatch(ev.step, again)
 
     def on_step(self, ev: Any) -> None:
         if self._due and self._due[0][0] == ev.step:

@@ -59,12 +59,13 @@ class RaggedSteps:
         self.calls: dict[str, tuple[Bucket, int, int, tuple[int, ...]]] = {}  # rid -> bucket, seq_len, q, row
         self.dispatched = self.tables = 0  # the step's dispatches, and the tables that came for them
 
-    def _begin(self, step: int) -> None:
-        if self.step != step:
+    def _begin(self, step: int, again: bool = False) -> None:
+        if self.step != step or again:
             self.step, self.writes, self.calls, self.dispatched, self.tables = step, [], {}, 0, 0
 
-    def dispatch(self, step: int) -> None:
-        self._begin(step)
+    def dispatch(self, step: int, again: bool) -> None:
+        """One of the step's dispatches; `again`: the step raised after its writes and runs again."""
+        self._begin(step, again)
         self.dispatched += 1
 
     def untabled(self, ev: KVWriteEvent) -> set[str]:

@@ -17,6 +17,7 @@ from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import BlockTableEvent, RowState, StateEvent
+from runtime.ragged_attention import RaggedAttention
 from runtime.ragged_metadata import AttendMetadata, Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
@@ -280,3 +281,28 @@ def test_a_row_whose_queries_do_not_start_at_its_cached_tokens_is_flagged() -> N
         "step 5: a's seq_len is 11 with query_len 1, so its queries start at position 10, "
         "but it had 9 tokens cached: DESIGN's seq_len is 10"
     )
+
+
+def test_a_ragged_step_that_raised_and_runs_again_is_judged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kernel raises once, mid-step 4, after the step's writes were announced; the engine hands
+    # the same plan out again, and its dispatches, tables and writes come a second time.
+    engine = Engine(RAGGED)
+    checker = PaddingValidity(kv_integrity=True)
+    checker.attach(engine)
+    real, raised = RaggedAttention.run, []
+
+    def run_once_failing(self: RaggedAttention, layer: int, call: Call, q: Any) -> Any:
+        if engine.steps == 4 and not raised:
+            raised.append(call.bucket)
+            raise RuntimeError("device lost")
+        return real(self, layer, call, q)
+
+    monkeypatch.setattr(RaggedAttention, "run", run_once_failing)
+    for i, n in enumerate(PROMPTS[:2]):
+        engine.add_request([i + 1] * n, 6)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.run_until_done()
+    engine.run_until_done()
+    checker.finish(engine)
+    assert raised and checker.ok, checker.violations
+    assert checker.dispatches == checker.tables_checked > engine.steps
