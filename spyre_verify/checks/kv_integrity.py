@@ -19,6 +19,7 @@ are accumulated, so a spaced-out check misses nothing. It only reports later.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +79,19 @@ class Held:
 class KVIntegrity:
     """Observer that reports through the checker that owns it (padding-validity)."""
 
-    def __init__(self, checker: Checker, engine: Any, every: int = 1) -> None:
+    def __init__(
+        self,
+        checker: Checker,
+        engine: Any,
+        every: int = 1,
+        allowed: Callable[[KVWriteEvent], Iterable[int]] | None = None,
+    ) -> None:
         self.checker = checker
         self.every = every
+        # The slots a step may change. By default the ones it announces; for the ragged layout the
+        # ones its block tables promise, so a write announced at the wrong position (over a
+        # request's earlier chunk, say) changes KV that must have stayed as it was.
+        self.allowed = allowed
         self.block_size = engine.config.block_size
         self.runtime = engine
         self.null = engine.null_block
@@ -104,7 +115,8 @@ class KVIntegrity:
         # Every step, checked or not: the slots accumulate until the next check.
         bs, dirty = self.block_size, self.dirty
         fresh: dict[int, str | None] = {}
-        for slot in ev.slots:
+        allowed = ev.slots if self.allowed is None else self.allowed(ev)
+        for slot in allowed:
             b, off = divmod(slot, bs)
             if b in dirty:
                 dirty[b].add(off)
@@ -112,6 +124,12 @@ class KVIntegrity:
                 dirty[b] = {off}
                 if b not in self.held:
                     fresh[b] = ev.owners.get(b)
+        if allowed is not ev.slots:  # a block announced but not promised: looked at, none of its slots may change
+            for b in {s // bs for s in ev.slots} - dirty.keys():
+                if 0 <= b < self.num_blocks:
+                    dirty[b] = set()
+                    if b not in self.held:
+                        fresh[b] = ev.owners.get(b)
         if fresh:  # read before the kernels write, so a fresh block's other slots are held too
             self._watch(list(fresh), list(fresh.values()), ev.step - 1)
 
@@ -154,7 +172,14 @@ class KVIntegrity:
         window = f"in step {step}" if one else f"between step {held.since + 1} and step {step}"
         if b == self.null:
             return f"the null block changed in slots {slots} {window}, although nothing may write it"
+        by = "the step" if one else f"steps {held.since + 1}..{step}"
+        if self.allowed is not None:  # judged against the dispatches' promises, not the announcements
+            if wrote:
+                return f"block {b} changed in slots {slots}, but the dispatches of {by} place writes only at {wrote}"
+            return (
+                f"live block {b} of {held.owner} changed in slots {slots} {window}, although no dispatch places a write "
+                "there: KV it held from earlier steps (an earlier chunk, or an earlier token) was overwritten"
+            )
         if wrote:
-            by = "the step" if one else f"steps {held.since + 1}..{step}"
             return f"block {b} changed in slots {slots}, but {by} wrote only {wrote}"
         return f"live block {b} of {held.owner} changed in slots {slots} although nothing was written to it {window}"

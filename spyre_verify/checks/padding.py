@@ -7,6 +7,9 @@ with nothing to judge. For a `design_contract` runtime the null block is DESIGN'
 a runtime whose `null_block` says otherwise is a `wrong-null-block` (another runtime's own
 `null_block` is taken as it says).
 
+A ragged step dispatches several calls, each owing its own block table; their rules, and the
+writes their tables allow, are in `ragged_padding.py`.
+
 The opt-in KV integrity mode lives in `kv_integrity.py` and is subscribed only when asked
 for, so its events cost nothing otherwise.
 """
@@ -23,6 +26,7 @@ from runtime.bucketer import PREFILL
 from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
 from spyre_verify.checks.padding_rules import block_table_problems, seq_len_problems
+from spyre_verify.checks.ragged_padding import RaggedSteps, is_ragged
 from spyre_verify.checks.violations import Checker, InvariantViolation
 
 # DESIGN "Glossary": the null block is block id 0. Written here, not imported from the runtime.
@@ -42,8 +46,10 @@ class PaddingValidity(Checker):
         self.kv_writes = 0
         self.dispatches = 0
         self.missing = 0  # dispatches that came without their block table or KV writes
-        # The dispatch whose events are still due: (step, kernel, bucket, table seen, writes seen).
-        self._due: list[Any] | None = None
+        # The step's dispatches whose events are still due: [step, kernel, bucket, table seen] each
+        # (a ragged step makes several), and the last step whose KV writes came.
+        self._due: list[list[Any]] = []
+        self._wrote: int | None = None
         self.integrity_not_run: str | None = None
 
     def attach(self, engine: Any) -> None:
@@ -61,8 +67,12 @@ class PaddingValidity(Checker):
         if self.kv_integrity and "kv_cache" not in getattr(engine, "capabilities", frozenset({"kv_cache"})):
             self.integrity_not_run = "KV integrity needs kv_cache"
             self.kv_integrity = False
-        self.integrity = KVIntegrity(self, engine, self.integrity_every) if self.kv_integrity else None
+        self.ragged = RaggedSteps(self.block_size, self.null_block)
+        allowed = self.ragged.allowed if getattr(engine.config, "ragged", False) and not self.by_lengths else None
+        self.integrity = KVIntegrity(self, engine, self.integrity_every, allowed) if self.kv_integrity else None
         super().attach(engine)
+        if allowed is not None:  # the runtime's state, for the ragged rules; a padded run never builds it
+            engine.subscribe(self.ragged)
         if self.integrity is not None:
             engine.subscribe(self.integrity)
 
@@ -82,33 +92,43 @@ class PaddingValidity(Checker):
     # -- the events each dispatch promises --------------------------------------------------
     def on_dispatch(self, ev: DispatchEvent) -> None:
         # A runtime emits a dispatch's block table and KV writes before its kernels run; the step's
-        # own `step` event closes the account. A dispatch still open here belongs to a step that
-        # never finished (a strict checker, the serving guard or the runtime raised mid-step), whose
-        # later events were cut off by that raise, not left out by the runtime: it is not judged.
+        # own `step` event closes the account. Dispatches still open from an earlier step belong to
+        # a step that never finished (a strict checker, the serving guard or the runtime raised
+        # mid-step), whose later events were cut off by that raise, not left out by the runtime:
+        # they are not judged. So is a padded step's open dispatch (it makes one a step), and a
+        # ragged step whose KV writes already came: the step raised and is being run again.
         self.dispatches += 1
-        self._due = [ev.step, ev.kernel, ev.bucket, False, False]
+        ragged = not self.by_lengths and is_ragged(ev.bucket)
+        again = self._wrote == ev.step
+        if self._due and (self._due[0][0] != ev.step or again or not ragged):
+            self._due = []
+        if again:
+            self._wrote = None
+        self._due.append([ev.step, ev.kernel, ev.bucket, False])
+        if ragged:
+            self.ragged.dispatch(ev.step, again)
 
     def on_step(self, ev: Any) -> None:
-        if self._due is not None and self._due[0] == ev.step:
+        if self._due and self._due[0][0] == ev.step:
             self._settle()
 
     def _settle(self) -> None:
-        due, self._due = self._due, None
-        if due is None or (due[3] and due[4]):
-            return
-        step, kernel, bucket, table, writes = due
-        lacking = [name for name, seen in (("block_table", table), ("kv_write", writes)) if not seen]
-        self.missing += 1
-        self.flag(
-            "missing-event",
-            f"step {step} dispatched {bucket} ({kernel}) without its {' and '.join(lacking)} event"
-            f"{'s' * (len(lacking) > 1)}: the protocol promises both for every dispatch of a paging runtime",
-            kernel=kernel,
-            bucket=str(bucket),
-        )
+        due, self._due = self._due, []
+        for step, kernel, bucket, table in due:
+            lacking = [name for name, seen in (("block_table", table), ("kv_write", self._wrote == step)) if not seen]
+            if not lacking:
+                continue
+            self.missing += 1
+            self.flag(
+                "missing-event",
+                f"step {step} dispatched {bucket} ({kernel}) without its {' and '.join(lacking)} event"
+                f"{'s' * (len(lacking) > 1)}: the protocol promises both for every dispatch of a paging runtime",
+                kernel=kernel,
+                bucket=str(bucket),
+            )
 
     def finish(self, engine: Any) -> None:
-        self._due = None  # its step never finished (see on_dispatch)
+        self._due = []  # their step never finished (see on_dispatch)
         integrity = getattr(self, "integrity", None)
         if integrity is not None:  # the blocks no write or free re-read since their last look
             integrity.final_check(engine.steps - 1)
@@ -121,9 +141,13 @@ class PaddingValidity(Checker):
     # -- block tables ------------------------------------------------------------------
     def on_block_table(self, ev: BlockTableEvent) -> None:
         self.tables_checked += 1
-        due = self._due
-        if due is not None and due[0] == ev.step and due[1] == ev.kernel and due[2] == ev.bucket:
-            due[3] = True
+        for due in self._due:  # the first of the step's dispatches that this table answers
+            if not due[3] and due[0] == ev.step and due[1] == ev.kernel and due[2] == ev.bucket:
+                due[3] = True
+                break
+        if not self.by_lengths and is_ragged(ev.bucket):
+            self._report(ev, self.ragged.table(ev))
+            return
         if not self.by_lengths and self._design_rows_hold(ev):
             return
         problems = block_table_problems(
@@ -140,6 +164,9 @@ class PaddingValidity(Checker):
         )
         if not self.by_lengths:  # DESIGN fixes each row's length: the event must say the same
             problems += seq_len_problems(ev.request_ids, ev.left_pads, ev.seq_lens, ev.tkv, ev.kernel)
+        self._report(ev, problems)
+
+    def _report(self, ev: BlockTableEvent, problems: list[tuple[str, str]]) -> None:
         for kind, message in problems:
             self.flag(kind, f"step {ev.step}: {message}", kernel=ev.kernel, bucket=str(ev.bucket))
             if kind == "out-of-pool":
@@ -181,9 +208,9 @@ class PaddingValidity(Checker):
     # -- KV writes ---------------------------------------------------------------------------
     def on_kv_write(self, ev: KVWriteEvent) -> None:
         self.kv_writes += 1
-        due = self._due
-        if due is not None and due[0] == ev.step:
-            due[4] = True
+        self._wrote = ev.step
+        for kind, message, bucket in self.ragged.write_problems(ev):
+            self.flag(kind, message, bucket=None if bucket is None else str(bucket))
         owners, null, writers, slots, bs = ev.owners, self.null_block, ev.writers, ev.slots, self.block_size
         blocks = list(map(operator.floordiv, slots, itertools.repeat(bs)))
         if blocks and null not in blocks and len(blocks) == len(writers):
@@ -197,10 +224,14 @@ class PaddingValidity(Checker):
             {(b, w) for b, w in zip(blocks, writers, strict=True) if b == null or owners.get(b) != w}
         ):
             where = [s for s, w in zip(slots, writers, strict=True) if w == writer and s // bs == b]
+            bucket = self.ragged.bucket_of(ev.step, writer)  # a ragged step's writer: the call it is in
+            at = f"step {ev.step}" if bucket is None else f"step {ev.step} ({bucket})"
+            named = {} if bucket is None else {"bucket": str(bucket)}
             if b == null:
-                self.flag("null-write", f"step {ev.step}: {writer} writes slots {where} in the null block")
+                self.flag("null-write", f"{at}: {writer} writes slots {where} in the null block", **named)
             else:
                 self.flag(
                     "foreign-write",
-                    f"step {ev.step}: {writer} writes slots {where} in block {b}, owned by {owners.get(b)}",
+                    f"{at}: {writer} writes slots {where} in block {b}, owned by {owners.get(b)}",
+                    **named,
                 )

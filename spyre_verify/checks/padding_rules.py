@@ -1,6 +1,7 @@
-"""The block-table padding rules as one pure function, usable without an engine.
+"""The block-table padding rules as pure functions, usable without an engine: the padded
+layout's (`block_table_problems`) and the ragged layout's (`ragged_table_problems`).
 
-The same rules as `spyre_verify.checks.padding.PaddingValidity.on_block_table`: the
+The padded rules are `spyre_verify.checks.padding.PaddingValidity.on_block_table`'s: the
 null block is never allocated; entry j of a real row is real when
 `left_pad // bs <= j <= last` (last = the block of position tkv for decode, of
 tkv - 1 for prefill) and must then be owned by that row; every other entry, and
@@ -101,3 +102,93 @@ def seq_len_problems(
         for rid, got, w, lp in itertools.zip_longest(request_ids, seq_lens, want, left_pads[: len(request_ids)])
         if got != w
     ]
+
+
+def ragged_table_problems(
+    table: Sequence[Sequence[int]],
+    request_ids: Sequence[str],
+    seq_lens: Sequence[int],
+    shape: tuple[int, int],
+    block_size: int,
+    owners: Mapping[int, str | None],
+    num_blocks: int,
+    null_block: int = NULL_BLOCK,
+    known: Mapping[str, Sequence[int]] | None = None,
+) -> list[tuple[str, str]]:
+    """DESIGN "The ragged layout, precisely": the table has the bucket's `shape` (rows, entries
+    a row); real row i lists ceil(seq_len_i / bs) blocks owned by its request, in position order,
+    then only the null block; a padded row is all null; nothing points outside the pool.
+
+    Position order is held to `known` (request -> the blocks its cached KV lives in, in position
+    order, as the runtime's last state said): they must be the row's first entries. Without it
+    only ownership and repeats are judged."""
+    out: list[tuple[str, str]] = []
+    if owners.get(null_block) is not None:
+        out.append(("null-allocated", f"null block {null_block} is allocated to {owners[null_block]}"))
+    rows, width = shape
+    widths = sorted({len(r) for r in table})
+    if len(table) != rows or widths != [width] or len(request_ids) > len(table):
+        got = f"{len(table)} rows of {'/'.join(map(str, widths)) or 0} entries for {len(request_ids)} requests"
+        out.append(("table-shape", f"the table has {got}; the bucket's is {rows} rows of {width} entries"))
+    known = known or {}
+    for i, row in enumerate(table):
+        rid = request_ids[i] if i < len(request_ids) else None
+        need = -(-seq_lens[i] // block_size) if rid is not None else 0
+        mine = tuple(known.get(rid, ())) if rid is not None else ()
+        real, pad = row[:need], row[need:]
+        # The common case at C speed: owners of the real entries, padding counted, order as known.
+        if (
+            len(real) == need
+            and list(map(owners.get, real)).count(rid) == need
+            and pad.count(null_block) == len(pad)
+            and (not row or 0 <= min(row) <= max(row) < num_blocks)
+            and len(set(real)) == need
+            and tuple(real[: len(mine)]) == mine[:need]
+        ):
+            continue
+        where = f"{rid}'s row" if rid else f"padded row {i} of the batch {', '.join(request_ids)}"
+        sl = seq_lens[i] if rid is not None else 0
+        out += ragged_row_problems(row, rid, sl, block_size, where, owners, num_blocks, null_block, mine)
+    return out
+
+
+def ragged_row_problems(
+    row: Sequence[int],
+    rid: str | None,
+    seq_len: int,
+    block_size: int,
+    where: str,
+    owners: Mapping[int, str | None],
+    num_blocks: int,
+    null_block: int,
+    known: Sequence[int],
+) -> list[tuple[str, str]]:
+    """Every broken ragged rule of one row, entry by entry (the slow path)."""
+    bs, need = block_size, -(-seq_len // block_size)
+    out: list[tuple[str, str]] = []
+    if len(row) < need:
+        out.append(("table-shape", f"{where} has {len(row)} entries, but its seq_len {seq_len} needs {need} blocks"))
+    for j, b in enumerate(row):
+        owner, span = owners.get(b), f"positions {j * bs}..{min((j + 1) * bs, seq_len) - 1}"
+        if not 0 <= b < num_blocks:
+            out.append(("out-of-pool", f"entry {j} of {where} points at block {b}, outside the pool [0, {num_blocks})"))
+        elif j < need and b == null_block:
+            out.append(("foreign-block", f"entry {j} of {where} is the null block {b}, but {rid}'s {span} are real"))
+        elif j < need and owner != rid:
+            out.append(("foreign-block", f"entry {j} of {where} is block {b}, owned by {owner}"))
+        elif j < need and j < len(known) and b != known[j]:
+            out.append(
+                ("block-order", f"entry {j} of {where} is block {b}, but {rid}'s {span} live in block {known[j]}")
+            )
+        elif j < need and b in row[:j]:
+            out.append(("block-order", f"entry {j} of {where} repeats block {b}, listed at entry {list(row).index(b)}"))
+        elif j >= need and b != null_block:
+            whose = f"owned by live request {owner}" if owner else "not the null block"
+            out.append(
+                (
+                    "live-padding" if owner else "bad-padding",
+                    f"padded entry {j} of {where} points at block {b}, {whose}; "
+                    f"a padded access would touch {owner or 'it'} instead of block {null_block}",
+                )
+            )
+    return out
