@@ -42,6 +42,7 @@ from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
 from spyre_verify.ragged_faults import own_query_ladder, query_override, wide_step_queries
+from spyre_verify.ragged_faults_kv import chunk_offset_ignored
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,16 @@ def _sparse_override(c: RuntimeConfig) -> RuntimeConfig:
     top = c.max_blocks_per_seq
     rungs = sorted({max(1, (3 * top + 3) // 4), top})
     return c.with_(kv_buckets=tuple(r * c.block_size for r in rungs))
+
+
+def _split_prompts(c: RuntimeConfig) -> RuntimeConfig:
+    """A token budget of half a sequence (at least max_num_seqs), so that long prompts are
+    prefilled in several chunks and a chunk's offset matters. A config with a query override
+    keeps its own budget: the override's top rung is tied to it."""
+    half = max(c.max_num_seqs, c.max_model_len // 2)
+    if c.query_buckets is not None or c.token_budget <= half:
+        return c
+    return c.with_(max_num_batched_tokens=half)
 
 
 def _unpruned(c: RuntimeConfig) -> Seams:
@@ -325,6 +336,14 @@ CATALOG: dict[str, Fault] = {
             "the builder rounds queries on its own default ladder, ignoring SPYRE_ATTN_QUERY_BUCKETS",
             configure=query_override,
             patch=own_query_ladder,
+            layouts=("ragged",),
+        ),
+        Fault(
+            "chunk-offset-ignored",
+            "padding-validity",
+            "a prefill chunk attends and writes as if it started at position 0, ignoring its offset",
+            configure=_split_prompts,
+            patch=chunk_offset_ignored,
             layouts=("ragged",),
         ),
         Fault(
