@@ -155,6 +155,16 @@ def _split_prompts(c: RuntimeConfig) -> RuntimeConfig:
     return c.with_(max_num_batched_tokens=half)
 
 
+def _with_pruning(c: RuntimeConfig) -> RuntimeConfig:
+    """A config whose bucketer prunes something, so that compiling the pruned buckets shows. A
+    small ragged config can reach every key; a query ladder of powers of two (2, 4, ... T) puts
+    rungs too wide for the smallest KV rung on it."""
+    if SpyreAttnBucketer(c).pruned() or not c.ragged or c.query_buckets is not None or c.token_budget <= 2:
+        return c
+    T = c.token_budget
+    return c.with_(query_buckets=tuple(sorted({*(1 << k for k in range(1, T.bit_length())), T} - {1})))
+
+
 def _unpruned(c: RuntimeConfig) -> Seams:
     pruned = [p.bucket for p in SpyreAttnBucketer(c).pruned()]
     return Seams(warmup_buckets=lambda plan: plan + pruned)
@@ -282,7 +292,13 @@ CATALOG: dict[str, Fault] = {
             "padding points at a block id one past the pool",
             patch=padding_at(lambda b: b.bucketer.config.total_blocks),
         ),
-        Fault("unpruned-warmup", "warmup-exactness", "warmup also compiles every unreachable bucket", _unpruned),
+        Fault(
+            "unpruned-warmup",
+            "warmup-exactness",
+            "warmup also compiles every unreachable bucket",
+            _unpruned,
+            configure=_with_pruning,
+        ),
         Fault(
             "over-pruned-warmup",
             "warmup-exactness",

@@ -67,6 +67,7 @@ class DispatchLog:
         self.events: list[DispatchEvent] = []
         self.warmup_graphs = 0
         self.decode_steps = 0
+        self.chunks: Counter[str] = Counter()  # ragged: prompt chunks by request, after the first
         self.finishes: Counter[str] = Counter()  # ended requests by reason, as the runtime reported them
 
     def on_finish(self, ev: Any) -> None:
@@ -77,6 +78,10 @@ class DispatchLog:
 
     def on_compile(self, ev: Any) -> None:
         self.warmup_graphs += ev.phase == "warmup"
+
+    def on_state(self, ev: Any) -> None:
+        if getattr(ev, "prefill", None) is not None:  # still prefilling after this step's chunk
+            self.chunks[ev.prefill.request_id] += 1
 
     def on_step(self, ev: Any) -> None:
         self.decode_steps += ev.kind != "prefill"  # padded "decode"; ragged "decode" or "mixed"
@@ -102,6 +107,7 @@ class RunResult:
     error: str | None = None
     runtime: str = "bundled"  # the name of the runtime verified
     finished_by_reason: dict[str, int] = field(default_factory=dict)
+    most_chunks: int = 0  # ragged: the most chunks one prompt was prefilled in (0: padded, or no prompt split)
 
     def checker(self, name: str) -> Any:
         return next(c for c in self.checkers if c.name == name)
@@ -308,6 +314,7 @@ def verify(
         result.serve_seconds = time.perf_counter() - t0
         result.steps = engine.steps
         result.finished_by_reason = dict(log.finishes)
+        result.most_chunks = 1 + max(log.chunks.values()) if log.chunks else 0
         if result.error is None:
             result.error = served_nothing(result.requests, result.rejected, result.steps)
         if result.error is None:

@@ -52,6 +52,7 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
             "serve_seconds": round(result.serve_seconds, 3),
             # every finish by reason, as the engine reported it (length, stop, abort)
             "finished_by_reason": {why: result.finished_by_reason.get(why, 0) for why in FINISH_REASONS},
+            "most_chunks": result.most_chunks,
         },
         "dispatch": result.dispatch,
         "coverage": {**coverage, "scenarios": result.scenarios, "misses": result.coverage_problems},
@@ -95,7 +96,8 @@ def markdown(p: dict[str, Any]) -> str:
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
         f"Tokens match reference: {p['tokens_match_reference']}.",
         coverage_line(cov),
-        f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}.",
+        f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}."
+        + (f" Longest prompt: {n} chunks." if (n := p.get("workload", {}).get("most_chunks")) else ""),
         "",
     ]
     rows = [
