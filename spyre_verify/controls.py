@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
 from spyre_verify import faults
 from spyre_verify.errors import UsageError
 from spyre_verify.runtimes import BUNDLED_FACTORY, Probe
-from spyre_verify.session import Progress, RunResult, verify
 from spyre_verify.workload import Item
+
+if TYPE_CHECKING:  # a run loads torch; naming the catalog (the CLI's help) must not
+    from spyre_verify.session import Progress, RunResult
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ def run_fault(
     progress: Progress | None = None,
     runtime: str = BUNDLED_FACTORY,
 ) -> RunResult:
+    import torch
+
+    from spyre_verify.session import verify
+
     torch._dynamo.reset()
     if runtime != BUNDLED_FACTORY:  # another runtime seeds its own faults from Settings.fault
         return verify(config, workload=workload, fault=name, progress=progress, runtime=runtime)
@@ -102,6 +107,10 @@ def run_catalog(
     catalog: dict[str, str] | None = None,
 ) -> tuple[RunResult, list[KillRow]]:
     """The clean run (which must be quiet), then the kill table."""
+    import torch
+
+    from spyre_verify.session import verify
+
     torch._dynamo.reset()
     clean = verify(config, workload=workload, progress=progress, runtime=runtime)
     return clean, kill_table(config, workload, names, progress, runtime=runtime, catalog=catalog)

@@ -33,23 +33,10 @@ from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import DEADLINE, ServeStats, aborts_judged_by, judged_by, serve
 from spyre_verify.session import always_on
+from spyre_verify.soak_options import SPREAD, SoakOptions
 from spyre_verify.workload import Item, seeded_workload
 
-# seeded_workload's gaps average ~2.6 steps, faster than this config serves (~4 steps a
-# request), so its queue only grows. Spread twice as wide, bursts still queue up but the
-# batch also drains, so idle, single-sequence and shifted batches all occur.
-SPREAD = 2
 PROGRESS_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class SoakOptions:
-    requests: int = 2000
-    seed: int = 0
-    sample: int = 200  # finished requests compared with the reference
-    integrity_every: int = 10  # steps between KV-integrity checks
-    time_limit: float = 600.0  # seconds of serving before the run stops
-    fault: str | None = None
 
 
 class Tracker:

@@ -12,14 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from runtime.errors import ConfigError
 from runtime.warmup import Seams
 from spyre_verify import faults
-from spyre_verify.audit.heatmap import write_heatmaps
-from spyre_verify.audit.report import markdown, payload
-from spyre_verify.audit.run import run_audit
 from spyre_verify.checks.crash import crash_report
 from spyre_verify.cli.args import Count
 from spyre_verify.cli.config import add_config_flags, config_from_args
@@ -62,6 +57,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def pick_device(choice: str) -> str:
     """The device to audit on; `cuda` without CUDA is a usage error, `auto` falls back and says so."""
+    import torch  # here, not at the top: a bad flag is answered before torch loads
+
     if torch.cuda.is_available():
         return "cpu" if choice == "cpu" else "cuda"
     if choice == "cuda":
@@ -84,6 +81,10 @@ def check_runtime(rt: Probe, fault: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spyre_verify.audit.heatmap import write_heatmaps
+    from spyre_verify.audit.report import markdown, payload
+    from spyre_verify.audit.run import run_audit
+
     config = config_from_args(args)
     config = config.with_(device=pick_device(args.device))
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work

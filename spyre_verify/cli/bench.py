@@ -13,11 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
 from spyre_verify.bench.figures import FIGURES, FULL, QUICK, TINY, Figure, Plan, closing
-from spyre_verify.bench.run import run_figures
 from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
@@ -78,6 +75,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 def kernel_figures(only: tuple[str, ...] | None) -> tuple[str, ...]:
     """`--device cuda`: the kernel figures only, and only where CUDA is there (else exit 2)."""
+    import torch  # here, not at the top: a bad flag is answered before torch loads
+
     if not torch.cuda.is_available():
         raise UsageError(
             f"--device cuda: CUDA is not available (torch {torch.__version__}, built with CUDA "
@@ -165,6 +164,8 @@ def render(p: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spyre_verify.bench.run import run_figures
+
     plan = plan_from_args(args)
     say(f"bench ({plan.mode.name}): figures {','.join(plan.only)}, backend {plan.backend}, {plan.repeats} repeats")
     t0 = time.perf_counter()

@@ -10,14 +10,13 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spyre_verify import faults
 from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.check_report import markdown, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.controls import KillRow, fault_catalog, kill_table, run_fault
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
@@ -31,8 +30,11 @@ from spyre_verify.report import (
     write_json,
 )
 from spyre_verify.runtimes import probe
-from spyre_verify.session import RunResult, verify
 from spyre_verify.workload import seeded_workload
+
+if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
+    from spyre_verify.controls import KillRow
+    from spyre_verify.session import RunResult
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +69,9 @@ class Done:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spyre_verify.controls import fault_catalog, kill_table, run_fault
+    from spyre_verify.session import verify
+
     config = config_from_args(args)
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}

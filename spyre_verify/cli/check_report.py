@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.scheduler import FINISH_REASONS
 from spyre_verify.checks.violations import Checker
-from spyre_verify.controls import KillRow
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
-from spyre_verify.session import RunResult
+
+if TYPE_CHECKING:  # the CLI answers a bad flag before the run's modules (and torch) load
+    from spyre_verify.controls import KillRow
+    from spyre_verify.session import RunResult
 
 
 def summary_of(c: Checker) -> dict[str, Any]:

@@ -24,9 +24,8 @@ from runtime.errors import ConfigError
 from spyre_verify import faults
 from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
-from spyre_verify.hunt.findings import CHECKS, Finding, crash, from_runtime
+from spyre_verify.hunt.findings import CHECKS, PROTOCOL, Finding, crash, from_runtime
 from spyre_verify.hunt.properties import check_config, check_ladders, check_trace, check_warmup
-from spyre_verify.hunt.protocol_property import PROTOCOL
 from spyre_verify.hunt.strategies import VIAS, Op
 from spyre_verify.report import SCHEMA_VERSION
 

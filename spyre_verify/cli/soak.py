@@ -14,7 +14,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.config import RuntimeConfig
 from runtime.scheduler import FINISH_REASONS
@@ -40,7 +40,10 @@ from spyre_verify.report import (
     write_json,
 )
 from spyre_verify.runtimes import probe
-from spyre_verify.soak import SPREAD, SoakOptions, SoakResult, soak
+from spyre_verify.soak_options import SPREAD, SoakOptions
+
+if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
+    from spyre_verify.soak import SoakResult
 
 FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
 
@@ -75,6 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
+    from spyre_verify.soak import SoakResult, soak
+
     opts = SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
     seams = Seams()
     if opts.fault and rt.bundled:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from spyre_verify.hunt.world import World
 
 # The check each property's pytest line calls.
+PROTOCOL = "protocol"  # the property that hunts a --runtime through the protocol alone
 CHECKS = {
     "dispatch": "check_trace",
     "padding": "check_trace",

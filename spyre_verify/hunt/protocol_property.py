@@ -27,13 +27,12 @@ from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation
 from spyre_verify.defaults import single_thread
-from spyre_verify.hunt.findings import HARNESS_DIR, Finding
+from spyre_verify.hunt.findings import HARNESS_DIR, PROTOCOL, Finding
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_problem, groups, items_of, shape_of, traces
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
 from spyre_verify.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
 from spyre_verify.workload import Abort, Arrival
 
-PROTOCOL = "protocol"
 CHECKS = (
     "traces at every rung boundary the runtime reports, served to completion: no dispatch-coverage or "
     "padding-validity violation, every request ends as asked, the runtime drains, no refusal changes the pool, "
