@@ -215,6 +215,20 @@ def abort_edges(config: RuntimeConfig) -> list[Item]:
     return edges
 
 
+def chunk_edges(config: RuntimeConfig) -> list[Item]:
+    """Ragged layout: the longest prompt prefilled beside decoding rows, so that it takes several
+    chunks and later chunks start past 0 (DESIGN "Budget."). Up to two one-token requests
+    decode while it prefills; each asks for 4 tokens, so they hold few blocks and end during
+    its chunks, and the prompt's last chunk runs with fewer rows beside it. At the embedded
+    config (block_size 4, max_model_len 16, 4 seqs, budget 8) the 15-token prompt takes
+    chunks of 6, 6 and 3. Nothing for the padded layout, which prefills a prompt whole."""
+    if not config.ragged or config.max_model_len < 3:
+        return []
+    rows = min(config.max_num_seqs - 1, 2)
+    edges: list[Item] = [Arrival(i, (1,), 4, ignore_eos=True) for i in range(rows)]
+    return [*edges, Arrival(rows, (2,) * (config.max_model_len - 1), 1, ignore_eos=True)]
+
+
 def cover(engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()) -> tuple[int, list[str]]:
     """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses).
 
@@ -301,7 +315,7 @@ def verify(
                 if coverage:
                     # The edge of admission: each must be admitted or refused exactly as DESIGN says;
                     # then aborts of running requests, which the workload's queue makes rare.
-                    for edges in (boundary_arrivals(config), abort_edges(config)):
+                    for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)):
                         edge = serve(engine, edges, progress, checkers)
                         result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
