@@ -57,6 +57,15 @@ class Fault:
     patch: Callable[[], AbstractContextManager[None]] | None = None
     # The layouts whose code or rules the fault breaks; a run of another layout does not seed it.
     layouts: tuple[str, ...] = ("padded", "ragged")
+    # Why the fault breaks nothing on a config of its layouts (None: it applies), e.g. a fault in
+    # the batched kernel's warmup with batched decode off.
+    inert: Callable[[RuntimeConfig], str | None] = lambda c: None
+
+    def not_applicable(self, config: RuntimeConfig) -> str | None:
+        """Why this fault cannot show on `config`, or None when it can."""
+        if config.layout not in self.layouts:
+            return f"it breaks the {' and '.join(self.layouts)} layout only"
+        return self.inert(config)
 
     def apply(self, config: RuntimeConfig) -> tuple[RuntimeConfig, Seams]:
         config = self.configure(config)
@@ -249,6 +258,13 @@ def limit_from_kv_ladder() -> Iterator[None]:
         yield
 
 
+def _without_batched(c: RuntimeConfig) -> str | None:
+    """Why a fault of the batched kernel is inert on `c`: no batched decode ever runs."""
+    if not c.batched_decode or c.max_num_seqs < 2:
+        return "no batched decode runs on this config (SPYRE_BATCHED_DECODE=0 or max_num_seqs 1)"
+    return None
+
+
 CATALOG: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -273,12 +289,15 @@ CATALOG: dict[str, Fault] = {
             "dispatch-coverage",
             "warmup records only the per-sequence kernel (and prefill)",
             lambda c: Seams(warmup_kernels=(ATTEND,) if c.ragged else (DECODE, PREFILL)),
+            inert=_without_batched,
         ),
         Fault(
             "fresh-tensor-recorder",
             "graph-reuse",
             "warmup records on fresh tensors whose strides differ from the staging buffers",
             lambda c: Seams(warmup_fresh_tensors=True),
+            # Only the batched kernel's 2-D table slice has strides a contiguous copy changes.
+            inert=_without_batched,
         ),
         Fault(
             "live-block-padding",
@@ -373,8 +392,13 @@ CATALOG: dict[str, Fault] = {
 
 
 def catalog_for(config: RuntimeConfig) -> dict[str, str]:
-    """Fault -> the checker that must catch it, for the faults of the config's layout."""
-    return {n: f.checker for n, f in CATALOG.items() if config.layout in f.layouts}
+    """Fault -> the checker that must catch it, for the faults that can show on `config`."""
+    return {n: f.checker for n, f in CATALOG.items() if f.not_applicable(config) is None}
+
+
+def not_applicable(config: RuntimeConfig) -> dict[str, str]:
+    """Fault -> why it cannot show on `config`, for the catalog's faults `catalog_for` leaves out."""
+    return {n: why for n, f in CATALOG.items() if (why := f.not_applicable(config)) is not None}
 
 
 FAULT_ENV = "SPYRE_VERIFY_FAULT"

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
+    p["controls_not_applicable"] = faults.not_applicable(config) if rt.bundled and p["controls"] is not None else {}
     passes = [r for r in (done.result, done.per_seq) if r is not None]
     p["runtime_crash"] = crashed = crash_report(args.out, name, [t for r in passes for t in tracebacks_of(r.checkers)])
     write_json(args.out / f"{name}.json", p)

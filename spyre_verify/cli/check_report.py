@@ -125,6 +125,8 @@ def markdown(p: dict[str, Any]) -> str:
             for r in p["controls"]
         ]
         lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
+        if skipped := p.get("controls_not_applicable"):
+            lines += ["Not seeded on this config: " + "; ".join(f"{n} ({why})" for n, why in skipped.items()), ""]
     rows = [[b, str(n)] for b, n in p["dispatch"].items()]
     lines += ["## Dispatch", "", table(rows, ["bucket", "dispatches"]), ""]
     if p["per_sequence_pass"] and "not_run" in p["per_sequence_pass"]:
