@@ -212,6 +212,9 @@ def text(p: dict[str, Any], findings: list[str]) -> str:
             f"  {r['property']:<9} {r['examples']:>7} examples {r['seconds']:>8.2f} s {r['throughput']:>7.0f}/s "
             f"({r['cpu_throughput']:.0f}/s per CPU second)  {r['findings']} finding(s)  [{r['checks']}]"
         )
+        per = ", ".join(f"{n} {layout}" for layout, n in r["examples_by_layout"].items())
+        skipped = "".join(f"; on {k} it skips {v}" for k, v in r.get("skipped_by_layout", {}).items())
+        lines.append(f"  {'':<9} by layout: {per}{skipped}")
     lines.append(
         f"throughput: {p['examples']} examples in {p['seconds']:.2f} s = {p['throughput']:.0f} examples/s "
         f"({p['cpu_throughput']:.0f} examples per CPU second on one core)"

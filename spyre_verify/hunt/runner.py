@@ -20,6 +20,7 @@ from spyre_verify.hunt.properties import PROPERTIES, Property
 from spyre_verify.hunt.protocol_property import CHECKS as PROTOCOL_CHECKS
 from spyre_verify.hunt.protocol_property import PROTOCOL, ProtocolHunt
 from spyre_verify.hunt.quiet import quiet, quiet_gc
+from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import Progress, say
 from spyre_verify.profiles import get_settings
 
@@ -49,6 +50,8 @@ class PropertyRun:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time: the one-core cost, whatever else runs
     findings: list[dict[str, Any]] = field(default_factory=list)
+    # Examples per layout ("padded", "ragged"), both always present: a hunt that never drew one is plain.
+    by_layout: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
 
     @property
     def throughput(self) -> float:
@@ -68,6 +71,8 @@ class PropertyRun:
             "cpu_seconds": round(self.cpu_seconds, 3),
             "cpu_throughput": round(self.cpu_throughput, 1),
             "findings": len(self.findings),
+            "examples_by_layout": dict(self.by_layout),
+            "skipped_by_layout": PROPERTIES[self.name].skipped if self.name in PROPERTIES else {},
         }
 
 
@@ -139,6 +144,9 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
     start = last = time.perf_counter()
     cpu = time.process_time()
     who = f"worker {plan.worker}: " if plan.worker else ""
+    # The protocol property hunts one runtime built on one config: every case is that config's layout.
+    fixed = getattr(plan.config, "layout", "padded")
+    layout_of = prop.layout if isinstance(prop, Property) else (lambda example: fixed)
 
     def case(example: Any) -> None:
         nonlocal last
@@ -147,6 +155,8 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
         if say and now - last >= plan.progress_every:
             last = now
             say(f"{who}{name}: {run.examples} examples, {run.examples / (now - start):.0f}/s")
+        layout = layout_of(example)
+        run.by_layout[layout] = run.by_layout.get(layout, 0) + 1
         found = prop.body(example, plan.fault)
         if found:
             raise error_for(found[0])
@@ -221,5 +231,7 @@ def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:
             m.examples += r.examples
             m.seconds = max(m.seconds, r.seconds)
             m.cpu_seconds += r.cpu_seconds
+            for layout, n in r.by_layout.items():
+                m.by_layout[layout] = m.by_layout.get(layout, 0) + n
             m.findings += [f for f in r.findings if f not in m.findings]
     return list(out.values())
