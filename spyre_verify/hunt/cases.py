@@ -30,35 +30,39 @@ DISPATCH_TAPE = CONFIG_TAPE + TRACE_TAPE
 WALK_LEN = {1: 32, 2: 16, 3: 10, 4: 8, 5: 6, 6: 6, 7: 5, 8: 5}
 
 
-def dispatch_case(data: bytes, fault: str | None = None) -> tuple[RuntimeConfig, list[Op]]:
-    """A config and an event trace valid for it as the fault configures it, read from `data`."""
-    config = draw_config(Tape(data[:CONFIG_TAPE]), layouts=LAYOUTS)
+def dispatch_case(
+    data: bytes, fault: str | None = None, layouts: tuple[str, ...] = LAYOUTS
+) -> tuple[RuntimeConfig, list[Op]]:
+    """A config (of one of `layouts`) and an event trace valid for it as the fault configures it, read from `data`."""
+    config = draw_config(Tape(data[:CONFIG_TAPE]), layouts=layouts)
     return config, draw_ops(Tape(data[CONFIG_TAPE:], TRACE_PLAIN), world(config, fault).config)
 
 
-def dispatch_cases(fault: str | None = None) -> st.SearchStrategy[tuple[RuntimeConfig, list[Op]]]:
+def dispatch_cases(
+    fault: str | None = None, layouts: tuple[str, ...] = LAYOUTS
+) -> st.SearchStrategy[tuple[RuntimeConfig, list[Op]]]:
     """Configs and event traces valid for them as the fault configures them (`dispatch_case`)."""
-    return tape_cases(lambda data: dispatch_case(data, fault), DISPATCH_TAPE)
+    return tape_cases(lambda data: dispatch_case(data, fault, layouts), DISPATCH_TAPE)
 
 
-def walk_config(data: bytes) -> RuntimeConfig:
+def walk_config(data: bytes, layouts: tuple[str, ...] = LAYOUTS) -> RuntimeConfig:
     """A config whose walk mostly finishes: up to 8 sequences, shorter as batches widen."""
     tape = Tape(data)
     S = tape.between(1, 8)
-    return draw_config(tape, max_model_len=(1, WALK_LEN[S]), max_num_seqs=(S, S), layouts=LAYOUTS)
+    return draw_config(tape, max_model_len=(1, WALK_LEN[S]), max_num_seqs=(S, S), layouts=layouts)
 
 
-def walk_configs() -> st.SearchStrategy[RuntimeConfig]:
+def walk_configs(layouts: tuple[str, ...] = LAYOUTS) -> st.SearchStrategy[RuntimeConfig]:
     """Configs whose walk mostly finishes (`walk_config`)."""
-    return tape_cases(walk_config, CONFIG_TAPE)
+    return tape_cases(lambda data: walk_config(data, layouts), CONFIG_TAPE)
 
 
-def ladder_config(data: bytes) -> RuntimeConfig:
+def ladder_config(data: bytes, layouts: tuple[str, ...] = LAYOUTS) -> RuntimeConfig:
     """A config short enough to probe whole: the probe builds max_model_len * max_num_seqs
     decode batches; the dispatch property covers longer sequences on the traces it replays."""
-    return draw_config(Tape(data), max_model_len=(1, 24), max_num_seqs=(1, 8), layouts=LAYOUTS)
+    return draw_config(Tape(data), max_model_len=(1, 24), max_num_seqs=(1, 8), layouts=layouts)
 
 
-def ladder_configs() -> st.SearchStrategy[RuntimeConfig]:
+def ladder_configs(layouts: tuple[str, ...] = LAYOUTS) -> st.SearchStrategy[RuntimeConfig]:
     """Configs for the ladders property (`ladder_config`)."""
-    return tape_cases(ladder_config, CONFIG_TAPE)
+    return tape_cases(lambda data: ladder_config(data, layouts), CONFIG_TAPE)

@@ -280,7 +280,7 @@ def raw_layout(case: tuple[dict[str, Any], dict[str, str]]) -> str:
 class Property:
     name: str
     checks: str  # what it holds the runtime to
-    cases: Callable[[str | None], st.SearchStrategy[Any]]
+    cases: Callable[[str | None, tuple[str, ...]], st.SearchStrategy[Any]]  # (fault, layouts drawn)
     body: Callable[[Any, str | None], list[Finding]]
     layout: Callable[[Any], str] = config_layout  # a case's layout, for the per-layout counts
     skipped: dict[str, str] = field(default_factory=dict)  # layout -> what the property does not judge there
@@ -292,11 +292,16 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "ladders",
             "the builder's picks over every shape and the warm plan sit on the oracle's ladders and keys",
-            lambda f: ladder_configs(),
+            lambda f, layouts: ladder_configs(layouts),
             ladders_property,
             skipped={"ragged": SKIPPED},
         ),
-        Property("warmup", "warm plan == the oracle's reachable set", lambda f: walk_configs(), warmup_property),
+        Property(
+            "warmup",
+            "warm plan == the oracle's reachable set",
+            lambda f, layouts: walk_configs(layouts),
+            warmup_property,
+        ),
         Property(
             "dispatch",
             "with stops and aborts, every step conforms to the contract model; every dispatch keyed by the oracle, "
@@ -309,7 +314,7 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "config",
             "config and env accepted and read exactly as the oracle says",
-            lambda f: raw_configs(),
+            lambda f, layouts: raw_configs(),  # acceptance draws every layout, valid or not
             config_property,
             raw_layout,
         ),

@@ -45,7 +45,8 @@ def describe_call(call: Call) -> str:
     if isinstance(call, ChunkedMetadata):
         rows = ", ".join(f"{r} at {n} positions" for r, n in zip(call.request_ids, call.seq_lens, strict=True))
         return f"{call.bucket} over {call.num_seqs} decoding row(s) ({rows})"
-    return f"{call.bucket} for {call.request_id}: {call.query_len} query(ies) at positions {call.start}..{call.seq_len - 1}"
+    q = call.query_len
+    return f"{call.bucket} for {call.request_id}: {q} quer{'y' if q == 1 else 'ies'} at positions {call.start}..{call.seq_len - 1}"
 
 
 @dataclass

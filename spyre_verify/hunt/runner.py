@@ -41,6 +41,7 @@ class HuntPlan:
     progress_every: float = 5.0  # seconds between progress lines
     runtime: str | None = None  # a factory (module:attr) for the protocol property; None: the bundled runtime
     config: Any = None  # the CLI's RuntimeConfig, whose sizes the protocol property's runtime is built with
+    layouts: tuple[str, ...] = LAYOUTS  # the layouts the bundled hunt draws configs of (`--layout` picks one)
 
 
 @dataclass
@@ -163,11 +164,13 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
 
     # The database key: the same property under another fault (or on another runtime) is another test.
     key = f"spyre-verify hunt {name} fault={plan.fault}"
+    if plan.layouts != LAYOUTS:  # the same bytes read as another layout's config: another test
+        key += f" layouts={','.join(plan.layouts)}"
     if plan.runtime is not None:
         c = plan.config
         key += f" runtime={plan.runtime} sizes={c.block_size},{c.max_model_len},{c.max_num_seqs}"
     case._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
-    test = settings(hunt_settings(plan))(given(prop.cases(plan.fault))(case))
+    test = settings(hunt_settings(plan))(given(prop.cases(plan.fault, plan.layouts))(case))
     if plan.seed is not None:
         # What @seed sets, without the database=None that @seed adds: a seeded hunt must
         # still replay and save failures.
