@@ -103,10 +103,6 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
     off = cold = table = None
     for p in state.points:
         rows = {s.request_id: s.blocks for s in p.rows}
-        got = tuple(c.bucket for c in p.calls)
-        if off is None and got != step_keys(w.lad, p):
-            want = ", ".join(map(str, step_keys(w.lad, p)))
-            off = (p, got[0] if got else None, f"its calls {', '.join(map(str, got))}; DESIGN's are {want}")
         for c in p.calls:
             want_key = call_key(w.lad, c)
             if off is None and c.bucket != want_key:
@@ -115,6 +111,10 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
                 cold = (p, c.bucket, f"{describe_call(c)}, which warmup never recorded")
             if table is None and (why := ragged_table_problems(c, rows, p.owners, bs, pool)):
                 table = (p, c.bucket, f"{describe_call(c)}: {why}")
+        got = tuple(c.bucket for c in p.calls)
+        if off is None and got != step_keys(w.lad, p):  # each call keyed right, but not DESIGN's calls
+            want = ", ".join(map(str, step_keys(w.lad, p)))
+            off = (p, got[0] if got else None, f"the calls {', '.join(map(str, got))}; DESIGN's are {want}")
     for kind, prop, hit in (("key-mismatch", "dispatch", off), ("cold-dispatch", "dispatch", cold)):
         if hit is not None:
             out.append(_finding(w, state, prop, kind, *hit))
