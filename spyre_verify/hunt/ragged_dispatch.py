@@ -96,11 +96,16 @@ def ragged_table_problems(
     return None
 
 
+Hit = tuple[RaggedPoint, Bucket | None, str]  # the step, the bucket that shows it, what went wrong
+
+
 def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
     """Key, warmth and table of every call; the step's calls as a whole; the add gate and leaks."""
     out: list[Finding] = []
     bs, pool = w.config.block_size, pool_blocks(w.config)
-    off = cold = table = None
+    off: Hit | None = None
+    cold: Hit | None = None
+    table: Hit | None = None
     for p in state.points:
         rows = {s.request_id: s.blocks for s in p.rows}
         for c in p.calls:
