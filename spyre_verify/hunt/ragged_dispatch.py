@@ -55,11 +55,13 @@ def _is_chunk(p: RaggedPoint, s: RaggedSeq) -> bool:
 
 def ragged_table_problems(
     call: Call, rows: Mapping[str, tuple[int, ...]], owners: Mapping[int, str], bs: int, pool: int
-) -> str | None:
+) -> tuple[str, str] | None:
     """The ragged table rules, minimal and local (swap for `checks.padding_rules`' ragged rules when
     they land): a row is its request's real blocks in position order, as many as its last query
     needs, then the null block; a padded row (past the call's real rows) is all null; every entry
-    is in the pool, and a real one is owned by its request. `rows`: request -> its blocks in order."""
+    is in the pool, and a real one is owned by its request. `rows`: request -> its blocks in order.
+    (kind, message), the kinds named as `checks.padding_rules` names them, so that the hunt shrinks
+    the same bug in either layout as one; None when the table is right."""
     key = call.bucket.key
     ids: tuple[str, ...]
     if isinstance(call, ChunkedMetadata) and isinstance(key, ChunkedKey):
@@ -73,27 +75,37 @@ def ragged_table_problems(
     elif isinstance(call, AttendMetadata) and isinstance(key, AttendKey):
         width, want_rows, ids, lens, table = key.kv_blocks, 1, (call.request_id,), (call.seq_len,), (call.block_table,)
     else:
-        return f"a {type(call).__name__} carries a {call.bucket.kernel} bucket"
+        return "table-shape", f"a {type(call).__name__} carries a {call.bucket.kernel} bucket"
     if len(table) != want_rows:
-        return f"the table has {len(table)} row(s), the bucket {want_rows}"
+        return "table-shape", f"the table has {len(table)} row(s), the bucket {want_rows}"
     for i, row in enumerate(table):
         if len(row) != width:
-            return f"row {i} has {len(row)} entries, the bucket {width}"
+            return "table-shape", f"row {i} has {len(row)} entries, the bucket {width}"
         if bad := [b for b in row if not 0 <= b < pool]:
-            return f"row {i} points outside the pool of {pool} blocks: {bad}"
+            return "out-of-pool", f"row {i} points outside the pool of {pool} blocks: {bad}"
         if i >= len(ids):
-            if any(b != NULL_BLOCK for b in row):
-                return f"padded row {i} is not all null block ({NULL_BLOCK}): {list(row)}"
+            if pad := [b for b in row if b != NULL_BLOCK]:
+                return _pad_kind(pad, owners), f"padded row {i} is not all null block ({NULL_BLOCK}): {list(row)}"
             continue
         rid, m = ids[i], ceil_div(lens[i], bs)
         real = rows.get(rid, ())[:m]
         if tuple(row[:m]) != real or len(real) != m:
-            return f"row {i} ({rid}) lists {list(row[:m])} for its first {m} blocks, its KV is in {list(real)}"
+            return (
+                "foreign-block",
+                f"row {i} ({rid}) lists {list(row[:m])} for its first {m} blocks, its KV is in {list(real)}",
+            )
         if foreign := [b for b in real if owners.get(b) != rid]:
-            return f"row {i} ({rid}) lists blocks {foreign} that the pool says {rid} does not own"
+            return "foreign-block", f"row {i} ({rid}) lists blocks {foreign} that the pool says {rid} does not own"
         if tail := [b for b in row[m:] if b != NULL_BLOCK]:
-            return f"row {i} ({rid}) pads past its {m} blocks with {tail}, not the null block ({NULL_BLOCK})"
+            return _pad_kind(
+                tail, owners
+            ), f"row {i} ({rid}) pads past its {m} blocks with {tail}, not the null block ({NULL_BLOCK})"
     return None
+
+
+def _pad_kind(pad: list[int], owners: Mapping[int, str]) -> str:
+    """A padding entry that a live request owns corrupts it ("live-padding"); any other is "bad-padding"."""
+    return "live-padding" if any(b in owners for b in pad) else "bad-padding"
 
 
 Hit = tuple[RaggedPoint, Bucket | None, str]  # the step, the bucket that shows it, what went wrong
@@ -106,6 +118,7 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
     off: Hit | None = None
     cold: Hit | None = None
     table: Hit | None = None
+    table_kind = ""
     for p in state.points:
         rows = {s.request_id: s.blocks for s in p.rows}
         for c in p.calls:
@@ -115,7 +128,7 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
             if cold is None and c.bucket not in w.warm:
                 cold = (p, c.bucket, f"{describe_call(c)}, which warmup never recorded")
             if table is None and (why := ragged_table_problems(c, rows, p.owners, bs, pool)):
-                table = (p, c.bucket, f"{describe_call(c)}: {why}")
+                table_kind, table = why[0], (p, c.bucket, f"{describe_call(c)}: {why[1]}")
         got = tuple(c.bucket for c in p.calls)
         if off is None and got != step_keys(w.lad, p):  # each call keyed right, but not DESIGN's calls
             want = ", ".join(map(str, step_keys(w.lad, p)))
@@ -124,7 +137,7 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
         if hit is not None:
             out.append(_finding(w, state, prop, kind, *hit))
     if table is not None:
-        out.append(_finding(w, state, "padding", "ragged-table", *table))
+        out.append(_finding(w, state, "padding", table_kind, *table))
     if state.gate is not None:
         out.append(Finding.of(w, "dispatch", state.gate[0], state.gate[1], None, None, state.ops))
     if state.leak is not None:

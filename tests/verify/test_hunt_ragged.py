@@ -21,7 +21,7 @@ from spyre_verify.hunt import cases
 from spyre_verify.hunt.properties import check_ladders, check_trace, check_warmup
 from spyre_verify.hunt.ragged_ladders import ragged_warm_disagreements
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
-from spyre_verify.hunt.strategies import PADDED, Op, draw_config
+from spyre_verify.hunt.strategies import LAYOUTS, PADDED, Op, draw_config
 from spyre_verify.hunt.tape import Tape
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.derive import ladders
@@ -50,7 +50,8 @@ def tapes(n: int, size: int = cases.CONFIG_TAPE) -> Iterator[bytes]:
 
 
 def test_the_hunt_draws_both_layouts_and_only_valid_ragged_configs() -> None:
-    drawn = [cases.walk_config(t) for t in tapes(300)] + [cases.dispatch_case(t + t)[0] for t in tapes(200)]
+    drawn = [cases.walk_config(t, LAYOUTS) for t in tapes(300)]
+    drawn += [cases.dispatch_case(t + t, None, LAYOUTS)[0] for t in tapes(200)]
     ragged = [c for c in drawn if c.ragged]
     assert 0.2 < len(ragged) / len(drawn) < 0.6
     for c in ragged:
@@ -66,7 +67,8 @@ def test_the_hunt_draws_both_layouts_and_only_valid_ragged_configs() -> None:
 
 def test_padded_cases_read_the_same_bytes_as_before_the_layout_was_drawn() -> None:
     for t in tapes(200):
-        c = cases.walk_config(t)
+        c = cases.walk_config(t, LAYOUTS)
+        assert (c if c.ragged else cases.walk_config(t)) == c  # the public default draws padded alone
         if not c.ragged:
             tape = Tape(t)
             S = tape.between(1, 8)
@@ -117,7 +119,7 @@ def test_dispatch_flags_decodes_keyed_with_the_chunks_query_width(monkeypatch: p
     assert found[0].batch_state is not None and found[0].batch_state["kind"] == "mixed"
 
 
-@pytest.mark.parametrize("fault,kind", [("live-block-padding", "ragged-table"), ("abort-leaks-blocks", "block-leak")])
+@pytest.mark.parametrize("fault,kind", [("live-block-padding", "live-padding"), ("abort-leaks-blocks", "block-leak")])
 def test_dispatch_flags_bad_padding_and_leaks_on_a_ragged_trace(fault: str, kind: str) -> None:
     found = check_trace(SMALL[0], TRACE, fault)
     assert kind in {f.kind for f in found}, [f.headline for f in found]
