@@ -37,6 +37,7 @@ from spyre_verify.hunt.database import check_database, database_arg
 from spyre_verify.hunt.properties import PROPERTIES
 from spyre_verify.hunt.protocol_property import PROTOCOL, checkers_for
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
+from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import say
 from spyre_verify.profiles import ENV, HUNT, get_settings
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
@@ -97,7 +98,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(run=run)
 
 
-CONFIG_FLAGS = (*SIZES, "num_blocks", "max_batch_tkv_limit", "backend")
+CONFIG_FLAGS = (
+    *SIZES, "num_blocks", "max_batch_tkv_limit", "backend", "max_num_batched_tokens", "batched_decode_entries",
+)  # fmt: skip
 
 
 def subject_of(args: argparse.Namespace) -> tuple[Subject, Any]:
@@ -146,7 +149,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[HuntPlan, str, Subject]:
     database = str(args.database)
     check_database(database)  # a redis server that does not answer: exit 2 before any work
     if subject.bundled:
-        plan = HuntPlan(examples, seed, args.control, profile, database, props)
+        # --layout narrows the bundled hunt's draws to one layout (the config property draws both).
+        layouts = (args.layout,) if getattr(args, "layout", None) else LAYOUTS
+        plan = HuntPlan(examples, seed, args.control, profile, database, props, layouts=layouts)
     else:
         plan = HuntPlan(examples, seed, args.fault, profile, database, props, runtime=subject.target, config=config)
     return plan, source, subject
@@ -179,6 +184,7 @@ def payload(
             "profile": plan.profile,
             "database": plan.database,
             "properties": list(plan.properties),
+            "layouts": list(plan.layouts),
             "runtime": {
                 "name": subject.name,
                 "factory": subject.target,
@@ -212,6 +218,9 @@ def text(p: dict[str, Any], findings: list[str]) -> str:
             f"  {r['property']:<9} {r['examples']:>7} examples {r['seconds']:>8.2f} s {r['throughput']:>7.0f}/s "
             f"({r['cpu_throughput']:.0f}/s per CPU second)  {r['findings']} finding(s)  [{r['checks']}]"
         )
+        per = ", ".join(f"{n} {layout}" for layout, n in r["examples_by_layout"].items())
+        skipped = "".join(f"; on {k} it skips {v}" for k, v in r.get("skipped_by_layout", {}).items())
+        lines.append(f"  {'':<9} by layout: {per}{skipped}")
     lines.append(
         f"throughput: {p['examples']} examples in {p['seconds']:.2f} s = {p['throughput']:.0f} examples/s "
         f"({p['cpu_throughput']:.0f} examples per CPU second on one core)"
@@ -258,6 +267,7 @@ SHOWN = (
     "block_size", "max_model_len", "max_num_seqs", "num_blocks", "total_blocks", "kv_buckets", "batched_decode",
     "max_batch_tkv_limit",
 )  # fmt: skip
+RAGGED_SHOWN = ("layout", "max_num_batched_tokens", "batched_decode_entries", "query_buckets")
 
 
 def _describe(f: dict[str, Any]) -> str:
@@ -266,7 +276,8 @@ def _describe(f: dict[str, Any]) -> str:
     c = f["config"]
     if c is not None:
         env = " ".join(f"{k}={v}" for k, v in c["env_overrides"].items())
-        lines.append(f"  config: {' '.join(f'{k}={c[k]}' for k in SHOWN)}  env: {env or '-'}")
+        shown = (*SHOWN, *RAGGED_SHOWN) if c.get("layout") == "ragged" else SHOWN
+        lines.append(f"  config: {' '.join(f'{k}={c[k]}' for k in shown)}  env: {env or '-'}")
     keys = (
         "kwargs", "env", "events", "trace", "batch_state", "shape", "witness", "expected", "warm_ladder",
         "cold_kv_rungs",
@@ -297,6 +308,7 @@ def reproducer(report: Path, index: int, f: dict[str, Any], plan: HuntPlan) -> s
         c = plan.config
         argv += ["--runtime", plan.runtime, "--block-size", str(c.block_size), "--max-model-len", str(c.max_model_len)]
         argv += ["--max-num-seqs", str(c.max_num_seqs), "--backend", c.backend]
+    argv += ["--layout", plan.layouts[0]] if plan.runtime is None and len(plan.layouts) == 1 else []
     argv += [("--fault" if plan.runtime else "--control"), plan.fault] if plan.fault else []
     argv += ["--hypothesis-profile", str(plan.profile)] if plan.profile else []
     argv += ["--database", str(plan.database)] if plan.database else []

@@ -6,10 +6,14 @@
   metadata builder picks must be the oracle's key for that batch shape, be in the
   warm set, and come with a block table that passes the padding rules. At the end the
   trace aborts whatever is left: no block may leak, after any abort or at the end.
+  A ragged config replays on the ragged scheduler and builder and judges every call of
+  every step the same way (`hunt.ragged_dispatch`), without the contract model for now.
 - **warmup**: the planned warm set (`runtime.warmup.warm_plan`, the runtime's output)
-  equals the reachable set of the oracle's walk, budgeted and memoised per config.
+  equals the reachable set of the oracle's walk (`oracle.ragged_walk` for a ragged
+  config), budgeted and memoised per config.
 - **ladders**: the builder, probed over every batch shape, uses the oracle's ladders
-  and keys; every warm bucket sits on the oracle's ladders (`checks.ladders`).
+  and keys; every warm bucket sits on the oracle's ladders (`checks.ladders`; for a ragged
+  config the warm set alone, `hunt.ragged_ladders`, the probe skipped).
 - **config**: `RuntimeConfig.from_env` accepts a config and reads its env exactly when
   `spyre_verify.oracle.accept` says so.
 
@@ -23,13 +27,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
 
 from runtime.bucketer import PREFILL, Bucket
-from runtime.config import RuntimeConfig
+from runtime.config import ENV_LAYOUT, RuntimeConfig
 from runtime.metadata import MetadataBuilder, PrefillMetadata
 from spyre_verify import faults
 from spyre_verify.checks.ladders import Disagreement, probe_builder, warm_disagreements
@@ -38,8 +42,12 @@ from spyre_verify.hunt.cases import dispatch_cases, ladder_configs, walk_configs
 from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.hunt.findings import Finding, crash, from_runtime, ops_for, warm_ladder
 from spyre_verify.hunt.lockstep import Lockstep
+from spyre_verify.hunt.ragged_dispatch import ragged_findings
+from spyre_verify.hunt.ragged_ladders import SKIPPED, ragged_warm_disagreements
+from spyre_verify.hunt.ragged_replay import replay_ragged
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
+from spyre_verify.oracle import ragged_walk
 from spyre_verify.oracle.derive import decode_key, kv_dim, ladders, pool_blocks, prefill_key
 from spyre_verify.oracle.walk import Reachable, reachable, space, to_bucket, walk
 
@@ -66,11 +74,14 @@ def run_trace(
     config: RuntimeConfig, events: Sequence[Op], fault: str | None = None
 ) -> tuple[BatchState | None, list[Finding]]:
     """Replay `events` on the real scheduler beside the contract model, then abort what is left
-    (the drain); the state and the findings."""
+    (the drain); the state and the findings. A ragged config replays on the ragged scheduler and
+    builder with no contract model (`hunt.ragged_dispatch`), and returns no padded state."""
     out: list[BatchState] = []
 
     def body() -> list[Finding]:
         w = world(config, fault)
+        if w.ragged is not None:  # no lockstep model for the ragged layout yet (`hunt.ragged_dispatch`)
+            return ragged_findings(w, replay_ragged(w.config, events, w.ragged))
         lock = Lockstep(w.config)
         out.append(replay(w.config, list(events), lock, w.builder, drain=True))
         return lock.findings(w, out[0]) + trace_findings(w, out[0])
@@ -166,6 +177,8 @@ def oracle_reachable(config: RuntimeConfig, budget: int = WALK_BUDGET) -> Reacha
 def walked_buckets(config: RuntimeConfig, budget: int = WALK_BUDGET) -> tuple[frozenset[Bucket], bool]:
     """The buckets of `oracle_reachable` and whether its walk finished, without the witness
     it builds for each bucket: a clean config (nearly every one) never needs one."""
+    if config.ragged:
+        return ragged_walk.buckets(config, budget)
     walked = walk(space(config), max_states=budget)
     lad = ladders(config)
     return frozenset(b for s in walked.shapes if (b := to_bucket(lad, s)) is not None), walked.complete
@@ -204,6 +217,8 @@ def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = 
 @functools.lru_cache(maxsize=1024)
 def _probe(config: RuntimeConfig, fault: str | None) -> tuple[Disagreement, ...]:
     w = world(config, fault)
+    if w.ragged is not None:  # the builder probe is padded-only: `ragged_ladders.SKIPPED` says so
+        return tuple(ragged_warm_disagreements(w.warm, w.lad, "the warm plan"))
     return (*probe_builder(w.builder, w.config), *warm_disagreements(w.warm, w.config, "the warm plan"))
 
 
@@ -246,12 +261,29 @@ def config_property(case: tuple[dict[str, Any], dict[str, str]], fault: str | No
     return check_config(*case)
 
 
+def config_layout(config: RuntimeConfig) -> str:
+    return config.layout
+
+
+def case_layout(case: tuple[RuntimeConfig, list[Op]]) -> str:
+    return case[0].layout
+
+
+def raw_layout(case: tuple[dict[str, Any], dict[str, str]]) -> str:
+    """The layout a raw config asks for (the env wins, as the parser reads it), valid or not."""
+    kwargs, env = case
+    asked = env.get(ENV_LAYOUT) or kwargs.get("layout")
+    return "ragged" if isinstance(asked, str) and asked.strip().lower() == "ragged" else "padded"
+
+
 @dataclass(frozen=True)
 class Property:
     name: str
     checks: str  # what it holds the runtime to
-    cases: Callable[[str | None], st.SearchStrategy[Any]]
+    cases: Callable[[str | None, tuple[str, ...]], st.SearchStrategy[Any]]  # (fault, layouts drawn)
     body: Callable[[Any, str | None], list[Finding]]
+    layout: Callable[[Any], str] = config_layout  # a case's layout, for the per-layout counts
+    skipped: dict[str, str] = field(default_factory=dict)  # layout -> what the property does not judge there
 
 
 PROPERTIES: dict[str, Property] = {
@@ -260,22 +292,31 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "ladders",
             "the builder's picks over every shape and the warm plan sit on the oracle's ladders and keys",
-            lambda f: ladder_configs(),
+            lambda f, layouts: ladder_configs(layouts),
             ladders_property,
+            skipped={"ragged": SKIPPED},
         ),
-        Property("warmup", "warm plan == the oracle's reachable set", lambda f: walk_configs(), warmup_property),
+        Property(
+            "warmup",
+            "warm plan == the oracle's reachable set",
+            lambda f, layouts: walk_configs(layouts),
+            warmup_property,
+        ),
         Property(
             "dispatch",
             "with stops and aborts, every step conforms to the contract model; every dispatch keyed by the oracle, "
             "warm, padded right; no block leaks",
             dispatch_cases,
             dispatch_property,
+            case_layout,
+            {"ragged": "the contract model in lockstep (no ragged model yet): admissions, chunks and finishes"},
         ),
         Property(
             "config",
             "config and env accepted and read exactly as the oracle says",
-            lambda f: raw_configs(),
+            lambda f, layouts: raw_configs(),  # acceptance draws every layout, valid or not
             config_property,
+            raw_layout,
         ),
     ]
 }

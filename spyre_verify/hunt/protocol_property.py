@@ -106,7 +106,8 @@ class ProtocolHunt:
             self.runtime.close()
             self.runtime = None
 
-    def cases(self, fault: str | None) -> st.SearchStrategy[list[Draw]]:
+    def cases(self, fault: str | None, layouts: tuple[str, ...] = ()) -> st.SearchStrategy[list[Draw]]:
+        # `layouts` is the bundled hunt's: this runtime runs the one layout its config has.
         return traces(self.shape)
 
     def body(self, draws: Sequence[Draw], fault: str | None) -> list[Finding]:

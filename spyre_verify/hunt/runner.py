@@ -14,12 +14,14 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
+from spyre_verify import faults
 from spyre_verify.hunt.database import open_database
 from spyre_verify.hunt.findings import Finding, crash, from_runtime
 from spyre_verify.hunt.properties import PROPERTIES, Property
 from spyre_verify.hunt.protocol_property import CHECKS as PROTOCOL_CHECKS
 from spyre_verify.hunt.protocol_property import PROTOCOL, ProtocolHunt
 from spyre_verify.hunt.quiet import quiet, quiet_gc
+from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import Progress, say
 from spyre_verify.profiles import get_settings
 
@@ -40,6 +42,7 @@ class HuntPlan:
     progress_every: float = 5.0  # seconds between progress lines
     runtime: str | None = None  # a factory (module:attr) for the protocol property; None: the bundled runtime
     config: Any = None  # the CLI's RuntimeConfig, whose sizes the protocol property's runtime is built with
+    layouts: tuple[str, ...] = LAYOUTS  # the layouts the bundled hunt draws configs of (`--layout` picks one)
 
 
 @dataclass
@@ -49,6 +52,8 @@ class PropertyRun:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time: the one-core cost, whatever else runs
     findings: list[dict[str, Any]] = field(default_factory=list)
+    # Examples per layout ("padded", "ragged"), both always present: a hunt that never drew one is plain.
+    by_layout: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
 
     @property
     def throughput(self) -> float:
@@ -68,6 +73,8 @@ class PropertyRun:
             "cpu_seconds": round(self.cpu_seconds, 3),
             "cpu_throughput": round(self.cpu_throughput, 1),
             "findings": len(self.findings),
+            "examples_by_layout": dict(self.by_layout),
+            "skipped_by_layout": PROPERTIES[self.name].skipped if self.name in PROPERTIES else {},
         }
 
 
@@ -139,6 +146,9 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
     start = last = time.perf_counter()
     cpu = time.process_time()
     who = f"worker {plan.worker}: " if plan.worker else ""
+    # The protocol property hunts one runtime built on one config: every case is that config's layout.
+    fixed = getattr(plan.config, "layout", "padded")
+    layout_of = prop.layout if isinstance(prop, Property) else (lambda example: fixed)
 
     def case(example: Any) -> None:
         nonlocal last
@@ -147,17 +157,21 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
         if say and now - last >= plan.progress_every:
             last = now
             say(f"{who}{name}: {run.examples} examples, {run.examples / (now - start):.0f}/s")
+        layout = layout_of(example)
+        run.by_layout[layout] = run.by_layout.get(layout, 0) + 1
         found = prop.body(example, plan.fault)
         if found:
             raise error_for(found[0])
 
     # The database key: the same property under another fault (or on another runtime) is another test.
     key = f"spyre-verify hunt {name} fault={plan.fault}"
+    if plan.layouts != LAYOUTS:  # the same bytes read as another layout's config: another test
+        key += f" layouts={','.join(plan.layouts)}"
     if plan.runtime is not None:
         c = plan.config
         key += f" runtime={plan.runtime} sizes={c.block_size},{c.max_model_len},{c.max_num_seqs}"
     case._hypothesis_internal_add_digest = key.encode()  # type: ignore[attr-defined]
-    test = settings(hunt_settings(plan))(given(prop.cases(plan.fault))(case))
+    test = settings(hunt_settings(plan))(given(prop.cases(plan.fault, drawn_layouts(plan)))(case))
     if plan.seed is not None:
         # What @seed sets, without the database=None that @seed adds: a seeded hunt must
         # still replay and save failures.
@@ -179,6 +193,14 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
     run.seconds = time.perf_counter() - start
     run.cpu_seconds = time.process_time() - cpu
     return run
+
+
+def drawn_layouts(plan: HuntPlan) -> tuple[str, ...]:
+    """The plan's layouts, less those a bundled control does not seed (a padded-only fault hunted on
+    ragged configs would only slow its shrinking down: a byte that turns a case ragged hides it)."""
+    if plan.fault is None or plan.runtime is not None:
+        return plan.layouts
+    return tuple(x for x in plan.layouts if x in faults.get(plan.fault).layouts) or plan.layouts
 
 
 def run_hunt(plan: HuntPlan, say: Say | None = None) -> list[PropertyRun]:
@@ -221,5 +243,7 @@ def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:
             m.examples += r.examples
             m.seconds = max(m.seconds, r.seconds)
             m.cpu_seconds += r.cpu_seconds
+            for layout, n in r.by_layout.items():
+                m.by_layout[layout] = m.by_layout.get(layout, 0) + n
             m.findings += [f for f in r.findings if f not in m.findings]
     return list(out.values())

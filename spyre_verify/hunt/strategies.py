@@ -46,6 +46,7 @@ from hypothesis import strategies as st
 
 from runtime.config import ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
+from spyre_verify.hunt.ragged_fields import draw_ragged_fields
 from spyre_verify.hunt.replay import EOS as EOS
 from spyre_verify.hunt.replay import STOP_TOKEN as STOP_TOKEN
 from spyre_verify.hunt.replay import VIAS, BatchState, Op, replay
@@ -61,6 +62,8 @@ from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.workload import Arrival
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
+PADDED = ("padded",)
+LAYOUTS = ("padded", "ragged")  # the hunt's draws: the padded default first, so cases shrink toward it
 
 
 # -- configs --------------------------------------------------------------------------------
@@ -116,8 +119,14 @@ def draw_config(
     pool_override: bool = True,
     batched_decode: bool | None = None,
     tkv_limit: bool = True,
+    layouts: tuple[str, ...] = PADDED,
 ) -> RuntimeConfig:
     """Valid `RuntimeConfig`s (backend "eager"); overrides go through the env parser.
+
+    `layouts` are the layouts drawn (the first is the simplest): with both, the layout is
+    read after every padded field, so a padded case reads as it does with `PADDED` alone
+    (which spends no byte on it), and a ragged one then draws its own fields
+    (`draw_ragged_fields`) and drops the volumetric limit, which the ragged layout refuses.
 
     `max_model_len` and `max_num_seqs` are inclusive ranges. `batched_decode=None`
     draws it; the KV override, the pool override and (`tkv_limit`) the volumetric limit
@@ -140,6 +149,9 @@ def draw_config(
     kwargs: dict[str, Any] = {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "backend": "eager"}
     kwargs["num_blocks"] = draw_pool(ch, bs, L, S) if pool_override else None
     kwargs["max_batch_tkv_limit"] = draw_tkv_limit(ch, bs, L, S) if tkv_limit else None
+    if layouts[ch.between(0, len(layouts) - 1)] == "ragged":
+        kwargs["max_batch_tkv_limit"] = None
+        draw_ragged_fields(ch, L, S, kwargs, env)
     try:
         return RuntimeConfig.from_env(env, **kwargs)
     except ConfigError as e:  # the runtime refuses a valid config: name it, for whoever reports the error
@@ -176,7 +188,10 @@ def draw_tkv_limit(draw: Draw, block_size: int, max_model_len: int, max_num_seqs
 
 # -- requests and events -----------------------------------------------------------------------
 def longest_prompt(config: RuntimeConfig) -> int:
-    """The longest prompt that can ever fit (0 when none can): its padded length plus one token <= L."""
+    """The longest prompt that can ever fit (0 when none can): its padded length plus one token <= L
+    (ragged: its own length plus one token, nothing pads it)."""
+    if config.ragged:
+        return config.max_model_len - 1
     bs = config.block_size
     return (config.max_model_len - 1) // bs * bs
 
@@ -192,10 +207,15 @@ def draw_request(draw: Draw, config: RuntimeConfig, short: bool | None = None) -
     if short is None:
         short = not ch.flag()
     p = ch.between(1, min(top, bs) if short else top)
-    padded = math.ceil(p / bs) * bs
+    padded = _padded(config, p)
     # DESIGN Volume.: alone, its decodes reach padded + max_tokens - 1 positions (none at max_tokens 1).
     room = max(1, min(config.max_model_len - padded, batch_tkv_limit(config) - padded + 1))
     return p, ch.between(1, min(room, 2 * bs) if short else room)
+
+
+def _padded(config: RuntimeConfig, p: int) -> int:
+    """The positions a prompt of `p` tokens occupies once prefilled: padded to a block, or just p (ragged)."""
+    return p if config.ragged else math.ceil(p / config.block_size) * config.block_size
 
 
 @st.composite
@@ -284,9 +304,9 @@ def draw_refused(draw: Draw, config: RuntimeConfig) -> tuple[int, int]:
     all, one token too long once the prompt is padded to a block, or one decode step past the
     volumetric limit when alone (DESIGN Volume.; with a limit that never binds, too long too)."""
     ch = choices(draw)
-    bs, L, V = config.block_size, config.max_model_len, batch_tkv_limit(config)
+    L, V = config.max_model_len, batch_tkv_limit(config)
     p = ch.between(1, max(1, L))
-    padded = math.ceil(p / bs) * bs
+    padded = _padded(config, p)
     how = ch.between(0, 3)
     if how == 0:
         return p, 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from runtime.bucketer import Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.metadata import MetadataBuilder
+from runtime.ragged_metadata import RaggedBuilder
 from runtime.warmup import Seams, warm_plan
 from spyre_verify import faults
 from spyre_verify.oracle.derive import Ladders, ladders
@@ -23,6 +24,7 @@ class World:
     builder: MetadataBuilder
     warm: frozenset[Bucket]  # the planned warm set: the runtime's answer, judged here
     lad: Ladders  # the oracle's ladders for `config`
+    ragged: RaggedBuilder | None = None  # the ragged layout's builder (a ragged config's steps use it)
 
 
 # Bounded: hits come from the strategy and the property asking for the same config,
@@ -34,4 +36,5 @@ def world(config: RuntimeConfig, fault: str | None = None) -> World:
         config, seams = faults.get(fault).apply(config)
     b = SpyreAttnBucketer(config)  # the runtime's own instance: the system under test
     builder = MetadataBuilder(b)
-    return World(config, fault, seams, builder, frozenset(warm_plan(b, seams)), ladders(config))
+    ragged = RaggedBuilder(b) if config.ragged else None
+    return World(config, fault, seams, builder, frozenset(warm_plan(b, seams)), ladders(config), ragged)

@@ -1,0 +1,153 @@
+"""Replaying a hunt trace on a ragged config: the runtime's own `RaggedScheduler` and
+`RaggedBuilder` (through `spyre_verify.sim.Sim`, no tensors), with every kernel call of every
+step recorded (`RaggedPoint`) beside the pool's owners at dispatch, and every abort.
+
+The padded replay (`hunt.replay.replay`) reads a padded plan (one dispatch a step, a tkv); a
+ragged step is several calls, decodes then a prefill chunk, so it has its own record. The
+same `Op`s drive both, so one drawn trace means the same events in either layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.config import RuntimeConfig
+from runtime.errors import RequestError
+from runtime.ragged_metadata import Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
+from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
+from spyre_verify.hunt.lockstep import abort_leak, empty_pool_leak
+from spyre_verify.hunt.replay import AbortPoint, Op
+from spyre_verify.sim import STAND_IN, Sim
+
+
+@dataclass(frozen=True)
+class RaggedPoint:
+    """One ragged step: its calls in dispatch order and the rows they were built from."""
+
+    index: int
+    kind: str  # "decode", "prefill" or "mixed"
+    calls: tuple[Call, ...]
+    rows: tuple[RaggedSeq, ...]  # the decoding rows, then the chunk (if any), as the scheduler handed them over
+    owners: Mapping[int, str]  # block -> owner for every allocated block, as at dispatch
+
+    def describe(self) -> dict[str, Any]:
+        rows = [
+            {"request_id": s.request_id, "start": s.start, "query_len": s.query_len, "blocks": list(s.blocks)}
+            for s in self.rows
+        ]
+        return {"step": self.index, "kind": self.kind, "rows": rows, "calls": [describe_call(c) for c in self.calls]}
+
+
+def describe_call(call: Call) -> str:
+    """A call in plain words: its bucket and its rows (request, positions attended, queries)."""
+    if isinstance(call, ChunkedMetadata):
+        rows = ", ".join(f"{r} at {n} positions" for r, n in zip(call.request_ids, call.seq_lens, strict=True))
+        return f"{call.bucket} over {call.num_seqs} decoding row(s) ({rows})"
+    q = call.query_len
+    return f"{call.bucket} for {call.request_id}: {q} quer{'y' if q == 1 else 'ies'} at positions {call.start}..{call.seq_len - 1}"
+
+
+@dataclass
+class RaggedState:
+    """What a ragged replay saw: every step, every abort, and the first leak or add-gate slip."""
+
+    config: RuntimeConfig
+    ops: tuple[Op, ...]
+    points: list[RaggedPoint] = field(default_factory=list)
+    aborts: list[AbortPoint] = field(default_factory=list)
+    leak: str | None = None  # the first block leak, after an abort or at the end
+    gate: tuple[str, str] | None = None  # (kind, message): the first add refused or taken against DESIGN
+
+
+class _Tokens:
+    """Stand-in tokens for a ragged plan's `token_rows`, with each add's stop token at its `stop`-th."""
+
+    def __init__(self) -> None:
+        self.stops: dict[str, tuple[int, int]] = {}
+        self.issued: dict[str, int] = {}
+
+    def __call__(self, plan: RaggedPlan) -> list[int]:
+        out = []
+        for rid in plan.token_rows:
+            n = self.issued[rid] = self.issued.get(rid, 0) + 1
+            at, token = self.stops.get(rid, (0, STAND_IN))
+            out.append(token if n == at else STAND_IN)
+        return out
+
+
+def add_refusal(config: RuntimeConfig, op: Op) -> str | None:
+    """DESIGN "Add." (ragged): a request with p + max_tokens > L can never run and is refused."""
+    if op.max_tokens < 1:
+        return f"max_tokens={op.max_tokens} generates nothing"
+    if op.prompt_len + op.max_tokens > config.max_model_len:
+        return f"{op.prompt_len} + {op.max_tokens} tokens exceed max_model_len={config.max_model_len}"
+    return None
+
+
+def replay_ragged(config: RuntimeConfig, events: Sequence[Op], builder: RaggedBuilder) -> RaggedState:
+    """Drive a fresh ragged `Sim` through `events`, then abort whatever is left (the drain)."""
+    tokens = _Tokens()
+    sim = Sim(config, builder, tokens=tokens)
+    sched: RaggedScheduler = sim.scheduler
+    out = RaggedState(config, tuple(events))
+    ids: list[str | None] = []
+    for op in events:
+        if op.kind == "add":
+            try:
+                rid: str | None = sched.add([0] * op.prompt_len, op.max_tokens, None, *_stop_args(op))
+            except RequestError:
+                rid = None
+            ids.append(rid)
+            if rid is not None and op.stop:
+                tokens.stops[rid] = (op.stop, op.stop_token)
+            why = add_refusal(config, op)
+            if out.gate is None and (rid is None) != (why is not None):
+                what = f"a request of {op.prompt_len} prompt tokens with max_tokens={op.max_tokens}"
+                out.gate = (
+                    ("wrongly-rejected", f"{what} was rejected, but DESIGN accepts it")
+                    if rid is None
+                    else ("wrongly-accepted", f"{what} was accepted as {rid}, but DESIGN rejects it: {why}")
+                )
+        elif op.kind == "abort":
+            known = ids[op.ref] if op.ref < len(ids) else None
+            _abort(sched, known if known is not None else f"never-added-{op.ref}", op.ref, out)
+        else:
+            for _ in range(op.steps):
+                plan = sched.schedule()
+                if plan is None:
+                    break
+                owners = sched.pool.allocated()  # a copy at dispatch: postprocess frees what finishes
+                rows = (*plan.decodes, *((plan.chunk,) if plan.chunk is not None else ()))
+                out.points.append(RaggedPoint(len(out.points), plan.kind, plan.calls, rows, owners))
+                sched.postprocess(tokens(plan))
+    for rid in [r.request_id for r in (*sched.waiting, *sched.in_flight())]:
+        _abort(sched, rid, -1, out)
+    if out.leak is None and (leak := empty_pool_leak(sched)):  # type: ignore[arg-type]
+        out.leak = f"every request has ended, yet {leak}"
+    return out
+
+
+def _stop_args(op: Op) -> tuple[tuple[int, ...], bool]:
+    kw = op.request_kwargs()
+    return tuple(kw.get("stop_token_ids", ())), bool(kw.get("ignore_eos", False))
+
+
+def _abort(sched: RaggedScheduler, request_id: str, ref: int, out: RaggedState) -> None:
+    """`sched.abort`, recording what the pool held for the request first (a prefilling request's
+    blocks too), and the first leak an abort that succeeded leaves."""
+    before = sched.snapshot()
+    pool = sched.pool
+    blocks = next((tuple(r.blocks) for r in sched.in_flight() if r.request_id == request_id), ())
+    reserved, free = pool.reserved(request_id), pool.num_free
+    try:
+        sched.abort(request_id)
+    except RequestError as e:
+        out.aborts.append(AbortPoint(ref, request_id, str(e), blocks, reserved, free, sched.snapshot() != before))
+        return
+    a = AbortPoint(ref, request_id, None, blocks, reserved, free, False)
+    out.aborts.append(a)
+    if out.leak is None and (leak := abort_leak(sched, a)):  # type: ignore[arg-type]
+        where = f"abort of {request_id}" + (f" (add #{ref})" if ref >= 0 else " at the end of the trace")
+        out.leak = f"after the {where}: {leak}"
