@@ -34,8 +34,9 @@ from spyre_verify.cli.args import SEED_MAX, Count, seed
 from spyre_verify.cli.config import SIZES, add_config_flags, config_from_args
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.database import check_database, database_arg
+from spyre_verify.hunt.findings import PROTOCOL
 from spyre_verify.hunt.properties import PROPERTIES
-from spyre_verify.hunt.protocol_property import PROTOCOL, checkers_for
+from spyre_verify.hunt.protocol_property import checkers_for
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
 from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import say

@@ -18,13 +18,10 @@ import importlib
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
-from spyre_verify.checks.dispatch import DispatchCoverage
-from spyre_verify.checks.output import OutputEquivalence
-from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation
 from spyre_verify.defaults import single_thread
 from spyre_verify.hunt.findings import HARNESS_DIR, PROTOCOL, Finding
@@ -32,6 +29,9 @@ from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_probl
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
 from spyre_verify.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
 from spyre_verify.workload import Abort, Arrival
+
+if TYPE_CHECKING:  # the checkers load torch: `spyre-verify hunt` parses its flags before they load
+    from spyre_verify.checks.output import OutputEquivalence
 
 CHECKS = (
     "traces at every rung boundary the runtime reports, served to completion: no dispatch-coverage or "
@@ -42,6 +42,10 @@ CHECKS = (
 
 def checkers_for(capabilities: frozenset[str]) -> list[Checker]:
     """The generic checkers, each marked not run where the runtime lacks what it needs."""
+    from spyre_verify.checks.dispatch import DispatchCoverage
+    from spyre_verify.checks.output import OutputEquivalence
+    from spyre_verify.checks.padding import PaddingValidity
+
     out: list[Checker] = [DispatchCoverage(), PaddingValidity(), OutputEquivalence()]
     for c in out:
         c.skip(capabilities)
@@ -173,6 +177,8 @@ class ProtocolHunt:
         return []
 
     def _output(self) -> OutputEquivalence | None:
+        from spyre_verify.checks.output import OutputEquivalence
+
         return next((c for c in self.checkers if isinstance(c, OutputEquivalence) and c.not_run is None), None)
 
     def _outputs(self, feed: Feed, seen: dict[str, int]) -> list[tuple[str, str]]:
