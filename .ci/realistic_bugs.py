@@ -118,7 +118,7 @@ BUGS: list[Bug] = [
     ),
     bug(
         "finish-one-token-early",
-        "runtime/scheduler.py",
+        "runtime/requests.py",
         '        return "length" if r.remaining == 0 else None\n',
         '        return "length" if r.remaining <= 1 else None\n',
         "a request ends when one token is still to come (the in-flight token is counted as generated)",
@@ -126,7 +126,7 @@ BUGS: list[Bug] = [
     ),
     bug(
         "finish-one-token-late",
-        "runtime/scheduler.py",
+        "runtime/requests.py",
         '        return "length" if r.remaining == 0 else None\n',
         '        return "length" if r.remaining < 0 else None\n',
         "a request ends one token after max_tokens",
@@ -195,7 +195,7 @@ BUGS: list[Bug] = [
     ),
     bug(
         "request-accepts-zero-max-tokens",
-        "runtime/scheduler.py",
+        "runtime/requests.py",
         "        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:\n",
         "        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:\n",
         "add_request accepts max_tokens=0 (the bound is written as non-negative)",
@@ -327,7 +327,7 @@ BUGS: list[Bug] = [
     # -- config and env parsing -----------------------------------------------------------------------
     bug(
         "flag-zero-is-true",
-        "runtime/config.py",
+        "runtime/env.py",
         '        return text.strip() == "1"\n',
         "        return bool(text.strip())\n",
         "SPYRE_BATCHED_DECODE=0 parses as True (bool of a non-empty string)",
@@ -335,7 +335,7 @@ BUGS: list[Bug] = [
     ),
     bug(
         "kv-buckets-no-whitespace",
-        "runtime/config.py",
+        "runtime/env.py",
         '    parts = [p.strip() for p in text.split(",")]\n',
         '    parts = text.split(",")\n',
         "SPYRE_ATTN_KV_BUCKETS='64, 128' is refused: parts are not stripped",
@@ -491,7 +491,7 @@ BUGS: list[Bug] = [
     ),
     bug(
         "one-token-prompt-refused",
-        "runtime/scheduler.py",
+        "runtime/requests.py",
         "        if not tokens:\n",
         "        if len(tokens) <= 1:\n",
         "the emptiness check is off by one: a one-token prompt, which most coverage witnesses join with, is refused",

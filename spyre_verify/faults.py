@@ -159,7 +159,7 @@ def _split_prompts(c: RuntimeConfig) -> RuntimeConfig:
     prefilled in several chunks and a chunk's offset matters. A config with a query override
     keeps its own budget: the override's top rung is tied to it."""
     half = max(c.max_num_seqs, c.max_model_len // 2)
-    if c.query_buckets is not None or c.token_budget <= half:
+    if not c.ragged or c.query_buckets is not None or c.token_budget <= half:
         return c
     return c.with_(max_num_batched_tokens=half)
 

@@ -136,5 +136,6 @@ def write_heatmaps(p: dict[str, Any], out: Path, stem: str) -> list[Path] | None
         import matplotlib  # noqa: F401  # the optional `plot` extra
     except ImportError:
         return None
-    written = [draw(p, kernel, out / f"{stem}-{kernel}.png") for kernel in (DECODE, BATCHED, ATTEND, CHUNKED)]
+    kernels = (ATTEND, CHUNKED) if p["config"].get("layout") == "ragged" else (DECODE, BATCHED)
+    written = [draw(p, kernel, out / f"{stem}-{kernel}.png") for kernel in kernels]
     return [w for w in written if w is not None]

@@ -13,7 +13,7 @@ model is not written yet, so admissions, chunk sizes and finishes go unjudged on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from runtime.bucketer import AttendKey, Bucket, ChunkedKey
 from runtime.ragged_metadata import AttendMetadata, Call, ChunkedMetadata, RaggedSeq
@@ -103,6 +103,22 @@ def ragged_table_problems(
     return None
 
 
+def misplaced_writes(call: Call, bs: int) -> str | None:
+    """A call's KV slots against DESIGN "KV writes.": each real row writes exactly the positions of its
+    queries, `seq_len - query_len .. seq_len - 1`, each at `row[pos // bs] * bs + pos % bs`."""
+    rows: Iterable[tuple[str, tuple[int, ...], int, int]]
+    if isinstance(call, ChunkedMetadata):
+        rows = zip(call.request_ids, call.block_table, call.seq_lens, [1] * call.num_seqs, strict=False)
+    else:
+        rows = iter([(call.request_id, call.block_table, call.seq_len, call.query_len)])
+    want = [
+        row[pos // bs] * bs + pos % bs for _, row, end, q in rows for pos in range(end - q, end) if pos // bs < len(row)
+    ]
+    if list(call.slots) == want:
+        return None
+    return f"writes KV slots {list(call.slots)}, where its queries' positions place them at {want}"
+
+
 def _pad_kind(pad: list[int], owners: Mapping[int, str]) -> str:
     """A padding entry that a live request owns corrupts it ("live-padding"); any other is "bad-padding"."""
     return "live-padding" if any(b in owners for b in pad) else "bad-padding"
@@ -129,6 +145,8 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
                 cold = (p, c.bucket, f"{describe_call(c)}, which warmup never recorded")
             if table is None and (why := ragged_table_problems(c, rows, p.owners, bs, pool)):
                 table_kind, table = why[0], (p, c.bucket, f"{describe_call(c)}: {why[1]}")
+            if table is None and (moved := misplaced_writes(c, bs)):
+                table_kind, table = "misplaced-write", (p, c.bucket, f"{describe_call(c)}, which {moved}")
         got = tuple(c.bucket for c in p.calls)
         if off is None and got != step_keys(w.lad, p):  # each call keyed right, but not DESIGN's calls
             want = ", ".join(map(str, step_keys(w.lad, p)))

@@ -103,7 +103,7 @@ def test_the_shortest_models_name_the_one_tkv_they_decode_at_or_that_they_decode
 def test_a_bucket_whose_key_is_not_its_kernels_is_refused_by_name() -> None:
     with pytest.raises(TypeError) as e:
         Bucket(DECODE, PrefillKey(8))
-    assert str(e.value) == "a 'decode' bucket takes a <class 'runtime.bucketer.DecodeKey'>, got PrefillKey(tokens=8)"
+    assert str(e.value) == "a 'decode' bucket takes a <class 'runtime.keys.DecodeKey'>, got PrefillKey(tokens=8)"
     with pytest.raises(ValueError) as v:
         Bucket.parse("gemm", [1])
     assert str(v.value) == "unknown kernel 'gemm': one of decode, batched, prefill, attend, chunked"

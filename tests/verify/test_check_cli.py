@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import spyre_verify.cli.check as cmd_check
+import spyre_verify.controls
 from spyre_verify import faults
 from spyre_verify.cli.main import main
 from spyre_verify.controls import kill_table
@@ -51,7 +51,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str
         for name in ENV_VARS:
             mp.delenv(name, raising=False)
         mp.setattr(
-            cmd_check,
+            spyre_verify.controls,  # check imports it when it runs, not when it loads
             "kill_table",
             lambda c, w, progress=None, rows=None, **kw: kill_table(c, w, CONTROLS, progress, rows),
         )

@@ -1,8 +1,8 @@
 """`spyre-verify controls --json`: the clean run is quiet and every fault in the catalog is
-caught by the checker it names.
+caught by the checker it names, on both layouts.
 
-The whole catalog runs once for this module, on the main job's default config but with
-the `eager` backend: the checkers observe Dynamo's guards and the recording backend's
+The whole catalog runs once per layout for this module, on the main job's default config (the
+ragged one with a budget of 8, so prompts split) but with the `eager` backend: the checkers observe Dynamo's guards and the recording backend's
 graphs, which are the same for every backend, and eager halves the run (~22 s of CPU
 instead of ~43 s with aot_eager)."""
 
@@ -16,41 +16,58 @@ from typing import Any
 
 import pytest
 
+from runtime.config import RuntimeConfig
 from spyre_verify.cli.main import main
-from spyre_verify.faults import CATALOG
+from spyre_verify.defaults import CHECK_DEFAULTS
+from spyre_verify.faults import CATALOG, catalog_for
 from spyre_verify.report import SCHEMA_VERSION
 
-ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND")
+ENV_VARS = (
+    "SPYRE_ATTN_KV_BUCKETS",
+    "SPYRE_BATCHED_DECODE",
+    "SPYRE_DYNAMO_BACKEND",
+    "SPYRE_LAYOUT",
+    "SPYRE_MAX_NUM_BATCHED_TOKENS",
+    "SPYRE_ATTN_QUERY_BUCKETS",
+)
 # A violation names where it happened: a bucket such as decode(2,) or a block id.
-WHERE = re.compile(r"\b(decode|batched|prefill)\(\d[^)]*\)|\bblock \d+")
+WHERE = re.compile(r"\b(decode|batched|prefill|attend|chunked)\(\d[^)]*\)|\bblock \d+")
+LAYOUT_FLAGS = {"padded": [], "ragged": ["--layout", "ragged", "--max-num-batched-tokens", "8"]}
 
 
-@pytest.fixture(scope="module")
-def kill_table() -> tuple[int, dict[str, Any], str]:
+def seeded(layout: str) -> dict[str, str]:
+    """The faults `controls` seeds on the layout's default config: every fault that can show there."""
+    sizes = {k: v for k, v in CHECK_DEFAULTS.items() if k != "backend"}
+    extra = {"layout": "ragged", "max_num_batched_tokens": 8} if layout == "ragged" else {"max_batch_tkv_limit": 28}
+    return catalog_for(RuntimeConfig(**sizes, **extra))
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUT_FLAGS))
+def kill_table(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any], str, str]:
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         for name in ENV_VARS:
             mp.delenv(name, raising=False)
-        code = main(["controls", "--json", "--backend", "eager"])
-    return code, json.loads(out.getvalue()), err.getvalue()
+        code = main(["controls", "--json", "--backend", "eager", *LAYOUT_FLAGS[request.param]])
+    return code, json.loads(out.getvalue()), err.getvalue(), request.param
 
 
-def test_exits_zero_with_a_passing_verdict(kill_table: tuple[int, dict[str, Any], str]) -> None:
-    code, table, _ = kill_table
+def test_exits_zero_with_a_passing_verdict(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
+    code, table, _, _ = kill_table
     assert code == 0
     assert (table["schema_version"], table["kind"], table["verdict"]) == (SCHEMA_VERSION, "controls", "pass")
 
 
-def test_clean_run_is_quiet(kill_table: tuple[int, dict[str, Any], str]) -> None:
-    _, table, _ = kill_table
+def test_clean_run_is_quiet(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
+    _, table, _, _ = kill_table
     assert table["clean_run_quiet"] is True
     assert table["clean_violations"] == []
 
 
-def test_every_fault_is_caught_by_its_expected_checker(kill_table: tuple[int, dict[str, Any], str]) -> None:
-    _, table, _ = kill_table
+def test_every_fault_is_caught_by_its_expected_checker(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
+    _, table, _, layout = kill_table
     rows = {r["fault"]: r for r in table["faults"]}
-    assert sorted(rows) == sorted(CATALOG) and len(table["faults"]) == len(CATALOG)
+    assert sorted(rows) == sorted(seeded(layout)) and len(table["faults"]) == len(seeded(layout))
     for name, row in rows.items():
         assert row["expected_checker"] == CATALOG[name].checker
         assert row["caught"] is True, row
@@ -58,14 +75,18 @@ def test_every_fault_is_caught_by_its_expected_checker(kill_table: tuple[int, di
 
 
 def test_first_violation_comes_from_the_expected_checker_and_names_where(
-    kill_table: tuple[int, dict[str, Any], str],
+    kill_table: tuple[int, dict[str, Any], str, str],
 ) -> None:
-    _, table, _ = kill_table
+    _, table, _, _ = kill_table
     for row in table["faults"]:
         assert row["first_violation"].startswith(f"[{row['expected_checker']}/"), row
         assert WHERE.search(row["first_violation"]), row
 
 
-def test_progress_names_each_fault_on_stderr(kill_table: tuple[int, dict[str, Any], str]) -> None:
-    _, _, err = kill_table
-    assert all(f"control: {name}" in err for name in CATALOG)
+def test_progress_names_each_fault_on_stderr(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
+    _, _, err, layout = kill_table
+    assert all(f"control: {name}" in err for name in seeded(layout))
+
+
+def test_every_fault_is_seeded_on_one_layout_or_the_other() -> None:
+    assert set(seeded("padded")) | set(seeded("ragged")) == set(CATALOG)

@@ -58,8 +58,12 @@ ALLOWED: dict[str, str] = {
     "session.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "soak.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "bench/engine.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
-    "bench/layouts.py: SpyreAttnBucketer(c).warm_set()": "figure 7c measures what the runtime's exact pruning "
+    "bench/layouts.py: SpyreAttnBucketer(c).warm_set": "figure 7c measures what the runtime's exact pruning "
     "saves: its warm set is the measured side, set beside a rule written from the real bucketer",
+    "bench/layouts.py: SpyreAttnBucketer": "figure 7c builds the runtime's bucketer to measure its warm set",
+    "bench/layouts.py: SpyreAttnBucketer(c).warm_set()": "figure 7c: the runtime's warm set is the measured side",
+    "ragged_faults.py: self.bucketer.attend_bucket": "a seeded fault is the runtime's own code rewritten: the "
+    "faulty builder still asks its bucketer, for the wrong query width",
     # the runtime's plan as the actual side, or exercised as it planned
     "checks/graph_reuse.py: self.engine.warm_plan()": "preflight calls each bucket the runtime planned, to "
     "prove it was compiled; what should be planned is judged by exactness against the walk",
