@@ -24,8 +24,9 @@ from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.scheduler import Request, Scheduler, StepPlan
 
 STAND_IN = 0  # the token every row "generates": in every vocabulary, and not the tiny model's EOS
-# Builds the scheduler under test: `Scheduler` itself, a subclass, or any callable alike.
-SchedulerFactory = Callable[[RuntimeConfig, BlockPool, MetadataBuilder], Scheduler]
+# Builds the scheduler under test from (config, pool, builder): `Scheduler` itself, a subclass,
+# or any callable alike; on a ragged config, a `RaggedScheduler` subclass (the builder is ragged).
+SchedulerFactory = Callable[[RuntimeConfig, BlockPool, Any], Scheduler | RaggedScheduler]
 
 
 def stand_ins(plan: StepPlan | RaggedPlan) -> list[int]:
@@ -37,7 +38,8 @@ class Sim:
     """Pool, scheduler and builder wired like `runtime.engine.Engine`, with no model.
 
     `builder` defaults to one on the config's own bucketer; `make` builds the scheduler
-    (a subclass under test, say). A ragged config gets the ragged builder and scheduler.
+    (a subclass under test, say). A ragged config gets the ragged builder, and the ragged
+    scheduler when `make` is the stock `Scheduler` (else `make`, a `RaggedScheduler` subclass).
     """
 
     def __init__(
@@ -50,9 +52,9 @@ class Sim:
         self.config = config
         self.pool = BlockPool(config.total_blocks)
         self.scheduler: Any
-        if config.ragged and make is Scheduler:
+        if config.ragged:  # the stock `Scheduler` stands for the layout's own; a subclass under test is built as given
             self.builder: Any = builder if builder is not None else RaggedBuilder(SpyreAttnBucketer(config))
-            self.scheduler = RaggedScheduler(config, self.pool, self.builder)
+            self.scheduler = (RaggedScheduler if make is Scheduler else make)(config, self.pool, self.builder)
         else:
             self.builder = builder if builder is not None else MetadataBuilder(SpyreAttnBucketer(config))
             self.scheduler = make(config, self.pool, self.builder)

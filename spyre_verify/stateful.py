@@ -24,6 +24,16 @@ else's; the null block is never allocated; tkv, left padding, blocks, reservatio
 admissions, finishes and aborts equal the model's (`ContractModel.diff`), and so do
 finish reasons; the rows follow DESIGN's geometry; every dispatch is keyed as the
 oracle derives and in the warm set.
+
+The layout is drawn with the other config fields. On a ragged config the system under test is
+a `RaggedScheduler` (the stock one, or the factory's subclass) and the model
+`oracle.ragged_model.RaggedModel`: after every rule the running rows, the prefill, the waiting
+queue, the pool, the step's admission, calls (decodes, then the chunk of min(p - c, T - d)
+tokens), token rows and finishes must equal the model's (`hunt.ragged_lockstep`); the pool's
+blocks are the running rows' and the prefilling request's; every call's bucket is the oracle's
+key for that call (and the step's calls DESIGN's), and warm. `for_factory` draws the layouts the
+factory can run: both for the stock `Scheduler`, ragged ones for a `RaggedScheduler` subclass,
+padded ones for anything else; a `config_strategy` decides it outright.
 """
 
 from __future__ import annotations
@@ -39,16 +49,35 @@ from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
+from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
+from runtime.requests import Request
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.warmup import warm_plan
 from spyre_verify.hunt.lockstep import abort_leak
-from spyre_verify.hunt.strategies import EOS, STOP_TOKEN, abort_once, configs, draw_refused, longest_prompt, requests
+from spyre_verify.hunt.ragged_dispatch import call_key, step_keys
+from spyre_verify.hunt.ragged_lockstep import abort_differences, step_differences
+from spyre_verify.hunt.ragged_replay import RaggedPoint, abort_ragged
+from spyre_verify.hunt.strategies import (
+    EOS,
+    LAYOUTS,
+    STOP_TOKEN,
+    abort_once,
+    configs,
+    draw_refused,
+    longest_prompt,
+    requests,
+)
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.model import ContractModel
+from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.sim import STAND_IN, SchedulerFactory, Sim
 
-# Small configs: short sequences and narrow batches reach joins, shifts, strips and a full pool fast.
-CONFIGS = configs(block_sizes=(1, 2, 4, 8), max_model_len=(2, 32), max_num_seqs=(1, 4))
+# Small configs: short sequences and narrow batches reach joins, shifts, strips, chunked prompts and a
+# full pool fast. A padded config reads the same bytes in each (the layout is drawn after its fields).
+SIZES: dict[str, Any] = {"block_sizes": (1, 2, 4, 8), "max_model_len": (2, 32), "max_num_seqs": (1, 4)}
+CONFIGS = configs(**SIZES, layouts=LAYOUTS)
+PADDED_CONFIGS = configs(**SIZES)
+RAGGED_CONFIGS = configs(**SIZES, layouts=("ragged",))
 
 
 @st.composite
@@ -68,10 +97,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         cls, factory: SchedulerFactory, config_strategy: st.SearchStrategy[RuntimeConfig] | None = None
     ) -> type[SchedulerMachine]:
         """A machine whose system under test is `factory(config, pool, builder)`, on configs
-        drawn from `config_strategy` (default: small ones)."""
-        attrs: dict[str, Any] = {"factory": factory}
-        if config_strategy is not None:
-            attrs["config_strategy"] = config_strategy
+        drawn from `config_strategy` (default: small ones of the layouts `factory` runs)."""
+        if config_strategy is None:
+            ragged = isinstance(factory, type) and issubclass(factory, RaggedScheduler)
+            config_strategy = CONFIGS if factory is Scheduler else RAGGED_CONFIGS if ragged else PADDED_CONFIGS
+        attrs: dict[str, Any] = {"factory": factory, "config_strategy": config_strategy}
         name = getattr(factory, "__name__", type(factory).__name__)
         return type(f"{cls.__name__}[{name}]", (cls,), attrs)
 
@@ -86,19 +116,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ends: dict[str, tuple[bool, bool]] = {}  # request id -> (STOP_TOKEN is its stop id, ignore_eos)
         self.emit: tuple[int, int] | None = None  # the `stop` rule's (row index, token) for the next step
         self.emitted: str | None = None  # the request that got it
-        self.model = ContractModel(self.config)
+        self.ragged = self.config.ragged
+        self.model: Any = (RaggedModel if self.ragged else ContractModel)(self.config)
         self.warm = frozenset(warm_plan(self.sim.builder.bucketer))
         self.lad: Ladders = ladders(self.config)
-        self.plan: StepPlan | None = None  # the last step's
+        self.plan: Any = None  # the last step's: a StepPlan, or a RaggedPlan on a ragged config
         self.last: tuple[str, str | None, tuple[str, ...]] = ("idle", None, ())  # kind, admitted, finished
+        # Ragged: what the last rule did, for `hunt.ragged_lockstep`'s comparison: ("step", ended
+        # requests, stopped ids, waiting ids before the step) or ("abort", request id).
+        self.judge: tuple[Any, ...] = ("step", (), set(), set())
 
-    def _tokens(self, plan: StepPlan) -> list[int]:
-        """Stand-ins, except the `stop` rule's token for one computed row."""
-        out = [STAND_IN] * len(plan.rows)
-        if self.emit is not None:
+    def _tokens(self, plan: StepPlan | RaggedPlan) -> list[int]:
+        """Stand-ins, except the `stop` rule's token for one computed row (one that gets a token)."""
+        ids = plan.token_rows if isinstance(plan, RaggedPlan) else [r.request_id for r in plan.rows]
+        out = [STAND_IN] * len(ids)
+        if self.emit is not None and out:
             i, token = self.emit
             i %= len(out)
-            out[i], self.emitted = token, plan.rows[i].request_id
+            out[i], self.emitted = token, ids[i]
         return out
 
     # -- rules --------------------------------------------------------------------------------
@@ -148,6 +183,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.emit = None
 
     def _step(self) -> None:
+        was_waiting = {r.request_id for r in self.sched.waiting}
         self.plan = plan = self.sim.step()
         rid, stopped, got = self.emitted, set(), ""
         if rid is not None and self.emit is not None:
@@ -163,7 +199,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.last = ("idle", None, ())
         else:
             self.last = (plan.kind, plan.admission.request_id if plan.admission else None, finished)
-        note(f"step -> {plan.bucket if plan else 'idle'}, tkv {self.sched.tkv}, finished {finished}{got}")
+        self.judge = ("step", tuple(done), stopped, was_waiting)
+        shown = (plan.buckets if self.ragged else plan.bucket) if plan else "idle"
+        note(f"step -> {shown}, tkv {self.sched.tkv}, finished {finished}{got}")
         note(f"  model {expected}")
         for r in done:
             want = "stop" if r.request_id in stopped else "length"
@@ -174,9 +212,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Abort a request: mostly one the model has waiting or running, else any accepted one
         (ended ones too) or one nobody added."""
         live = [r.request_id for r in self.model.rows] + [w.request_id for w in self.model.waiting]
+        if self.ragged and self.model.prefill is not None:
+            live.append(self.model.prefill.request_id)
         choices = [*live, *live, *live, *self.ids, "no-such-request"]
         rid = choices[data.draw(st.integers(0, len(choices) - 1), label="abort index")]
-        a = abort_once(self.sched, rid)
+        a = abort_ragged(self.sched, rid) if self.ragged else abort_once(self.sched, rid)
         why = self.model.abort_refusal(rid)
         if a.error is not None:
             note(f"abort({rid}) refused: {a.error}")
@@ -188,15 +228,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         leak = abort_leak(self.sched, a)
         assert leak is None, f"abort({rid}) leaked blocks: {leak}"
         self.model.abort(rid)
-        self.plan, self.last = None, ("abort", None, (rid,))
+        self.plan, self.last, self.judge = None, ("abort", None, (rid,)), ("abort", rid)
 
     # -- invariants -----------------------------------------------------------------------------
     @invariant()
     def blocks_belong_to_running_rows(self) -> None:
-        rows = [(r.request_id, b) for r in self.sched.running for b in r.blocks]
+        # Ragged: the prefilling request holds blocks and a reservation too.
+        holders: tuple[Request, ...] = self.sched.in_flight() if self.ragged else tuple(self.sched.running)
+        rows = [(r.request_id, b) for r in holders for b in r.blocks]
         assert len({b for _, b in rows}) == len(rows), "a block sits in two rows"
         assert self.pool.allocated() == dict((b, rid) for rid, b in rows), "allocated blocks != the rows' blocks"
-        running = {r.request_id for r in self.sched.running}
+        running = {r.request_id for r in holders}
         promised = dict(self.pool.snapshot()[2])
         assert set(promised) <= running, f"reservations held by requests not running: {promised}"
         held = len(rows) + sum(promised.values())
@@ -208,6 +250,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def conforms_to_the_contract_model(self) -> None:
+        if self.ragged:
+            if self.judge[0] == "abort":
+                diffs = abort_differences(self.model, self.sched, self.judge[1])
+            else:
+                diffs = step_differences(self.model, self.sched, self.plan, *self.judge[1:])
+            assert not diffs, f"the scheduler leaves the contract: {diffs}"
+            return
         kind, admitted, finished = self.last
         waiting = [r.request_id for r in self.sched.waiting]
         rows, tkv = self.sched.row_states(), self.sched.tkv
@@ -216,6 +265,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def rows_follow_the_geometry(self) -> None:
+        if self.ragged:  # no padding and no tkv: each row's blocks are the model's "blocks" rule
+            return
         bs, tkv = self.config.block_size, self.sched.tkv
         for r in self.sched.running:
             assert r.left_pad + r.num_cached == tkv, f"{r.request_id} does not end at tkv {tkv}"
@@ -228,6 +279,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def dispatch_is_keyed_by_the_oracle_and_warm(self) -> None:
         plan = self.plan
         if plan is None:
+            return
+        if isinstance(plan, RaggedPlan):
+            rows = (*plan.decodes, *((plan.chunk,) if plan.chunk is not None else ()))
+            for c in plan.calls:
+                want_key = call_key(self.lad, c)
+                assert c.bucket == want_key, f"dispatched {c.bucket}, the oracle keys this call {want_key}"
+                assert c.bucket in self.warm, f"dispatched {c.bucket}, which warmup never records"
+            design = step_keys(self.lad, RaggedPoint(0, plan.kind, plan.calls, rows, {}))
+            assert plan.buckets == design, f"dispatched {plan.buckets}, DESIGN's calls for this step are {design}"
             return
         tkv = plan.metadata.tkv
         want: Bucket | None = (

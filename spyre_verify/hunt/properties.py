@@ -6,8 +6,9 @@
   metadata builder picks must be the oracle's key for that batch shape, be in the
   warm set, and come with a block table that passes the padding rules. At the end the
   trace aborts whatever is left: no block may leak, after any abort or at the end.
-  A ragged config replays on the ragged scheduler and builder and judges every call of
-  every step the same way (`hunt.ragged_dispatch`), without the contract model for now.
+  A ragged config replays on the ragged scheduler and builder, with the ragged contract
+  model in lockstep (`hunt.ragged_lockstep`), and judges every call of every step the
+  same way (`hunt.ragged_dispatch`).
 - **warmup**: the planned warm set (`runtime.warmup.warm_plan`, the runtime's output)
   equals the reachable set of the oracle's walk (`oracle.ragged_walk` for a ragged
   config), budgeted and memoised per config.
@@ -44,6 +45,7 @@ from spyre_verify.hunt.findings import Finding, crash, from_runtime, ops_for, wa
 from spyre_verify.hunt.lockstep import Lockstep
 from spyre_verify.hunt.ragged_dispatch import ragged_findings
 from spyre_verify.hunt.ragged_ladders import SKIPPED, ragged_warm_disagreements
+from spyre_verify.hunt.ragged_lockstep import RaggedLockstep
 from spyre_verify.hunt.ragged_replay import replay_ragged
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
@@ -75,13 +77,15 @@ def run_trace(
 ) -> tuple[BatchState | None, list[Finding]]:
     """Replay `events` on the real scheduler beside the contract model, then abort what is left
     (the drain); the state and the findings. A ragged config replays on the ragged scheduler and
-    builder with no contract model (`hunt.ragged_dispatch`), and returns no padded state."""
+    builder beside the ragged model (`hunt.ragged_lockstep`), and returns no padded state."""
     out: list[BatchState] = []
 
     def body() -> list[Finding]:
         w = world(config, fault)
-        if w.ragged is not None:  # no lockstep model for the ragged layout yet (`hunt.ragged_dispatch`)
-            return ragged_findings(w, replay_ragged(w.config, events, w.ragged))
+        if w.ragged is not None:
+            ragged = RaggedLockstep(w.config)
+            state = replay_ragged(w.config, events, w.ragged, ragged)
+            return ragged.findings(w, state) + ragged_findings(w, state)
         lock = Lockstep(w.config)
         out.append(replay(w.config, list(events), lock, w.builder, drain=True))
         return lock.findings(w, out[0]) + trace_findings(w, out[0])
@@ -309,7 +313,6 @@ PROPERTIES: dict[str, Property] = {
             dispatch_cases,
             dispatch_property,
             case_layout,
-            {"ragged": "the contract model in lockstep (no ragged model yet): admissions, chunks and finishes"},
         ),
         Property(
             "config",

@@ -6,8 +6,8 @@ The key comes from the call's own rows (DESIGN "The ragged layout", Dispatch): a
 call over `ceil(seq_len / bs)` entries with `query_len` queries is `attend_key`, a batched call
 over rows whose widest needs `ceil(seq_len / bs)` entries is `chunked_key`. The step's calls
 as a whole must also be the ones DESIGN dispatches for its decodes and chunk (one batched call
-or one call a row, then the chunk). The contract model is not run in lockstep here: the ragged
-model is not written yet, so admissions, chunk sizes and finishes go unjudged on ragged traces.
+or one call a row, then the chunk). Admissions, chunk sizes and finishes are the ragged contract
+model's, run in lockstep beside this (`hunt.ragged_lockstep`).
 """
 
 from __future__ import annotations

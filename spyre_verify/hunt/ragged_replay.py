@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.ragged_metadata import Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
+from runtime.requests import Request
 from spyre_verify.hunt.lockstep import abort_leak, empty_pool_leak
 from spyre_verify.hunt.replay import AbortPoint, Op
 from spyre_verify.sim import STAND_IN, Sim
@@ -77,6 +78,26 @@ class _Tokens:
         return out
 
 
+class RaggedWatch(Protocol):
+    """Follows a ragged replay (`hunt.ragged_lockstep.RaggedLockstep` runs the contract model so)."""
+
+    def on_add(self, request_id: str | None, op: Op) -> None:
+        """A request was queued (`request_id`) or refused (None)."""
+
+    def on_step(
+        self,
+        sched: RaggedScheduler,
+        plan: RaggedPlan | None,
+        ended: Sequence[Request],
+        point: RaggedPoint | None,
+        n: int,
+    ) -> None:
+        """Step `n` ran `plan` and ended `ended`, or the scheduler had nothing to do (None)."""
+
+    def on_abort(self, sched: RaggedScheduler, point: AbortPoint) -> None:
+        """An abort ran, or was refused (`point.error`)."""
+
+
 def add_refusal(config: RuntimeConfig, op: Op) -> str | None:
     """DESIGN "Add." (ragged): a request with p + max_tokens > L can never run and is refused."""
     if op.max_tokens < 1:
@@ -86,8 +107,11 @@ def add_refusal(config: RuntimeConfig, op: Op) -> str | None:
     return None
 
 
-def replay_ragged(config: RuntimeConfig, events: Sequence[Op], builder: RaggedBuilder) -> RaggedState:
-    """Drive a fresh ragged `Sim` through `events`, then abort whatever is left (the drain)."""
+def replay_ragged(
+    config: RuntimeConfig, events: Sequence[Op], builder: RaggedBuilder, watch: RaggedWatch | None = None
+) -> RaggedState:
+    """Drive a fresh ragged `Sim` through `events`, then abort whatever is left (the drain);
+    `watch` sees every add, step (an idle one too) and abort."""
     tokens = _Tokens()
     sim = Sim(config, builder, tokens=tokens)
     sched: RaggedScheduler = sim.scheduler
@@ -110,20 +134,27 @@ def replay_ragged(config: RuntimeConfig, events: Sequence[Op], builder: RaggedBu
                     if rid is None
                     else ("wrongly-accepted", f"{what} was accepted as {rid}, but DESIGN rejects it: {why}")
                 )
+            if watch is not None:
+                watch.on_add(rid, op)
         elif op.kind == "abort":
             known = ids[op.ref] if op.ref < len(ids) else None
-            _abort(sched, known if known is not None else f"never-added-{op.ref}", op.ref, out)
+            _abort(sched, known if known is not None else f"never-added-{op.ref}", op.ref, out, watch)
         else:
             for _ in range(op.steps):
                 plan = sched.schedule()
                 if plan is None:
+                    if watch is not None:
+                        watch.on_step(sched, None, (), None, len(out.points))
                     break
                 owners = sched.pool.allocated()  # a copy at dispatch: postprocess frees what finishes
                 rows = (*plan.decodes, *((plan.chunk,) if plan.chunk is not None else ()))
-                out.points.append(RaggedPoint(len(out.points), plan.kind, plan.calls, rows, owners))
-                sched.postprocess(tokens(plan))
+                point = RaggedPoint(len(out.points), plan.kind, plan.calls, rows, owners)
+                out.points.append(point)
+                ended = sched.postprocess(tokens(plan))
+                if watch is not None:
+                    watch.on_step(sched, plan, ended, point, point.index)
     for rid in [r.request_id for r in (*sched.waiting, *sched.in_flight())]:
-        _abort(sched, rid, -1, out)
+        _abort(sched, rid, -1, out, watch)
     if out.leak is None and (leak := empty_pool_leak(sched)):  # type: ignore[arg-type]
         out.leak = f"every request has ended, yet {leak}"
     return out
@@ -134,9 +165,9 @@ def _stop_args(op: Op) -> tuple[tuple[int, ...], bool]:
     return tuple(kw.get("stop_token_ids", ())), bool(kw.get("ignore_eos", False))
 
 
-def _abort(sched: RaggedScheduler, request_id: str, ref: int, out: RaggedState) -> None:
-    """`sched.abort`, recording what the pool held for the request first (a prefilling request's
-    blocks too), and the first leak an abort that succeeded leaves."""
+def abort_ragged(sched: RaggedScheduler, request_id: str, ref: int = -1) -> AbortPoint:
+    """`sched.abort(request_id)`, recording what the pool held for the request first (a
+    prefilling request's blocks too) and whether a refusal changed anything."""
     before = sched.snapshot()
     pool = sched.pool
     blocks = next((tuple(r.blocks) for r in sched.in_flight() if r.request_id == request_id), ())
@@ -144,10 +175,18 @@ def _abort(sched: RaggedScheduler, request_id: str, ref: int, out: RaggedState) 
     try:
         sched.abort(request_id)
     except RequestError as e:
-        out.aborts.append(AbortPoint(ref, request_id, str(e), blocks, reserved, free, sched.snapshot() != before))
-        return
-    a = AbortPoint(ref, request_id, None, blocks, reserved, free, False)
+        return AbortPoint(ref, request_id, str(e), blocks, reserved, free, sched.snapshot() != before)
+    return AbortPoint(ref, request_id, None, blocks, reserved, free, False)
+
+
+def _abort(sched: RaggedScheduler, request_id: str, ref: int, out: RaggedState, watch: RaggedWatch | None) -> None:
+    """`abort_ragged`, keeping the first leak an abort that succeeded leaves."""
+    a = abort_ragged(sched, request_id, ref)
     out.aborts.append(a)
+    if watch is not None:
+        watch.on_abort(sched, a)
+    if a.error is not None:
+        return
     if out.leak is None and (leak := abort_leak(sched, a)):  # type: ignore[arg-type]
         where = f"abort of {request_id}" + (f" (add #{ref})" if ref >= 0 else " at the end of the trace")
         out.leak = f"after the {where}: {leak}"

@@ -1,19 +1,21 @@
 """The public state machine (`spyre_verify.stateful`) passes on the stock Scheduler and fails on
-broken subclasses; the contract model it compares with follows DESIGN's example."""
+broken subclasses, in both layouts; the contract model it compares with follows DESIGN's example."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from runtime.config import RuntimeConfig
+from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.scheduler import Admission, Request, Scheduler
 from spyre_verify import profiles
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.stateful import SchedulerMachine
+from spyre_verify.stateful import CONFIGS, SchedulerMachine
 
 
 def bounded(**kwargs: object) -> settings:
@@ -143,3 +145,68 @@ def test_model_admits_what_the_contract_says() -> None:
     last = decodes[-1]
     assert (last.finished, last.strip, last.rules) == (("b",), 2, ("decode", "finish", "strip"))
     assert (m.tkv, m.rows[0].left_pad, m.reserved) == (8, 1, 4)
+
+
+# -- the ragged layout: drawn with the other config fields, judged by the ragged model -------------------
+class BudgetIgnoresDecodes(RaggedScheduler):
+    """The chunk takes q = min(p - c, T), as if no row were decoding beside it."""
+
+    def schedule(self) -> RaggedPlan | None:
+        if self._plan is None:
+            self.budget = self.config.token_budget + len(self.running)
+        return super().schedule()
+
+
+class AdmitsWhilePrefilling(RaggedScheduler):
+    """Admission forgets that a prompt is still prefilling: the head of the queue takes the slot over."""
+
+    def schedule(self) -> RaggedPlan | None:
+        if self._plan is None and (pf := self.prefilling) is not None:
+            self.prefilling = None
+            adm = self.next_admission()
+            self.prefilling = pf
+            if adm is not None:
+                self._admit(adm)
+        return super().schedule()
+
+
+def test_the_machine_draws_both_layouts_and_runs_clean_on_each() -> None:
+    seen: list[str] = []
+
+    def record(config: RuntimeConfig) -> RuntimeConfig:
+        seen.append(config.layout)
+        return config
+
+    run_state_machine_as_test(
+        SchedulerMachine.for_factory(Scheduler, CONFIGS.map(record)), settings=bounded(max_examples=40)
+    )
+    assert set(seen) == {"padded", "ragged"}, seen
+    made: list[RaggedScheduler] = []
+
+    class Counting(RaggedScheduler):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    machine = SchedulerMachine.for_factory(Counting)  # a ragged subclass: ragged configs only
+    run_state_machine_as_test(machine, settings=bounded(max_examples=30))
+    assert made and all(s.config.ragged for s in made)
+
+
+def test_a_seeded_ragged_bug_fails_the_machine_with_a_shrunk_reproducer() -> None:
+    with pytest.raises(AssertionError, match=r"the scheduler leaves the contract: \[\('budget', ") as caught:
+        quick = bounded(max_examples=300, report_multiple_bugs=False)  # shrinking on: the reproducer is the point
+        run_state_machine_as_test(SchedulerMachine.for_factory(BudgetIgnoresDecodes), settings=quick)
+    steps = "\n".join(getattr(caught.value, "__notes__", ()))
+    assert "layout='ragged'" in steps, steps
+    rules = [line for line in steps.splitlines() if line.startswith("state.") and line.rstrip().endswith(")")]
+    events = [r for r in rules if r.split("(")[0] in ("state.add", "state.step", "state.stop", "state.abort")]
+    assert 2 <= len(events) <= 5, events  # two adds and a step or two: a prompt chunked beside a decode
+
+
+def test_an_admission_during_a_prefill_fails_the_machine() -> None:
+    # The prompt it drops still holds its blocks, so the pool's invariant may see it first.
+    says = r"the scheduler leaves the contract: \[\('admission', |allocated blocks != the rows' blocks"
+    with pytest.raises(AssertionError, match=says):
+        quick = bounded(max_examples=300, report_multiple_bugs=False, phases=(Phase.generate,))
+        run_state_machine_as_test(SchedulerMachine.for_factory(AdmitsWhilePrefilling), settings=quick)
