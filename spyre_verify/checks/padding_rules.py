@@ -77,14 +77,7 @@ def row_problems(
         elif real and owner != rid:
             out.append(("foreign-block", f"entry {j} of {where} is block {b}, owned by {owner}"))
         elif not real and b != null_block:
-            whose = f"owned by live request {owner}" if owner else "not the null block"
-            out.append(
-                (
-                    "live-padding" if owner else "bad-padding",
-                    f"padded entry {j} of {where} points at block {b}, {whose}; "
-                    f"a padded access would touch {owner or 'it'} instead of block {null_block}",
-                )
-            )
+            out.append(padded_entry(j, where, b, owner, null_block))
     return out
 
 
@@ -183,12 +176,16 @@ def ragged_row_problems(
         elif j < need and b in row[:j]:
             out.append(("block-order", f"entry {j} of {where} repeats block {b}, listed at entry {list(row).index(b)}"))
         elif j >= need and b != null_block:
-            whose = f"owned by live request {owner}" if owner else "not the null block"
-            out.append(
-                (
-                    "live-padding" if owner else "bad-padding",
-                    f"padded entry {j} of {where} points at block {b}, {whose}; "
-                    f"a padded access would touch {owner or 'it'} instead of block {null_block}",
-                )
-            )
+            out.append(padded_entry(j, where, b, owner, null_block))
     return out
+
+
+def padded_entry(j: int, where: str, block: int, owner: str | None, null_block: int) -> tuple[str, str]:
+    """A padded table entry that is not the null block, in either layout: it corrupts a live
+    request when one owns the block ("live-padding"), else it is merely wrong ("bad-padding")."""
+    whose = f"owned by live request {owner}" if owner else "not the null block"
+    return (
+        "live-padding" if owner else "bad-padding",
+        f"padded entry {j} of {where} points at block {block}, {whose}; "
+        f"a padded access would touch {owner or 'it'} instead of block {null_block}",
+    )

@@ -38,14 +38,22 @@ from __future__ import annotations
 
 import functools
 import random
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, chunked_key, ladders, token_budget, usable_blocks
-from spyre_verify.oracle.results import STATE_BUDGET, Action, Reachable, Shape, Walked
+from spyre_verify.oracle.results import (
+    STATE_BUDGET,
+    Action,
+    Reachable,
+    Shape,
+    Walked,
+    breadth_first,
+    explored,
+    witnessed,
+)
 
 Row = tuple[int, int]  # (n cached tokens, tokens still to generate)
 Prefill = tuple[int, int, int]  # (c computed, p prompt tokens, max_tokens), 0 < c < p between steps
@@ -149,39 +157,7 @@ def aborts(state: State) -> Iterator[tuple[RaggedAction, State]]:
 def walk(sp: RaggedSpace, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that need k
     aborts. Every shape, each with a path of fewest aborts, then fewest actions."""
-    parent: dict[State, tuple[State, RaggedAction] | None] = {EMPTY: None}
-    todo = deque([EMPTY])
-    paths: dict[Shape, tuple[Action, ...]] = {}
-    while todo:
-        seen: list[State] = []
-        while todo:
-            if max_states is not None and len(parent) > max_states:
-                return Walked(frozenset(paths), len(parent), False, paths)
-            state = todo.popleft()
-            seen.append(state)
-            for action, shapes, nxt in successors(sp, state):
-                for shape in shapes:
-                    if shape not in paths:
-                        paths[shape] = (*_path(parent, state), action)
-                if nxt not in parent:
-                    parent[nxt] = (state, action)
-                    todo.append(nxt)
-        for state in seen:
-            for action, nxt in aborts(state):
-                if nxt not in parent:
-                    parent[nxt] = (state, action)
-                    todo.append(nxt)
-    return Walked(frozenset(paths), len(parent), True, paths)
-
-
-def _path(parent: dict[State, tuple[State, RaggedAction] | None], state: State) -> tuple[Action, ...]:
-    out: list[Action] = []
-    link = parent[state]
-    while link is not None:
-        state, action = link
-        out.append(action)
-        link = parent[state]
-    return tuple(reversed(out))
+    return breadth_first(EMPTY, lambda s: successors(sp, s), aborts, max_states)
 
 
 def in_arrival_order(sp: RaggedSpace, path: Sequence[Action]) -> tuple[Action, ...]:
@@ -248,27 +224,12 @@ def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
 def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, sampled: bool = True) -> Reachable:
     """The buckets some valid state of the ragged `config` dispatches to, each with a witness;
     `walk.reachable` with the same arguments."""
-    sp = space(config)
-    walked = walk(sp, max_states=budget)
-    method = "exhaustive"
-    if not walked.complete and sampled:
-        walked, method = sample(sp, runs=200, seed=seed), "sampled"
-    elif not walked.complete:
-        method = f"partial ({budget} states)"
-    lad = ladders(config)
-    witnesses: dict[Bucket, tuple[Action, ...]] = {}
-    for shape in sorted(walked.shapes, key=lambda s: (_aborts(walked.paths[s]), len(walked.paths[s]), s)):
-        bucket = to_bucket(lad, shape)
-        if bucket is not None and bucket not in witnesses:
-            witnesses[bucket] = in_arrival_order(sp, walked.paths[shape])
-    return Reachable(frozenset(witnesses), method, walked.states, witnesses)
+    sp, lad = space(config), ladders(config)
+    walked, method = explored(lambda: walk(sp, budget), lambda: sample(sp, 200, seed), budget, sampled)
+    return witnessed(walked, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(sp, p))
 
 
 def buckets(config: RuntimeConfig, budget: int = STATE_BUDGET) -> tuple[frozenset[Bucket], bool]:
     """The buckets of the walk within `budget` states, and whether it finished; no witnesses."""
     walked, lad = walk(space(config), max_states=budget), ladders(config)
     return frozenset(b for s in walked.shapes if (b := to_bucket(lad, s)) is not None), walked.complete
-
-
-def _aborts(path: tuple[Action, ...]) -> int:
-    return sum(a.kind == "abort" for a in path)

@@ -3,7 +3,10 @@ the ragged one) hand back: the witness actions and the results, one shape for bo
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from runtime.bucketer import Bucket
 
@@ -60,3 +63,76 @@ class Reachable:
     @property
     def exhaustive(self) -> bool:
         return self.method == "exhaustive"
+
+
+def explored(
+    walk: Callable[[], Walked], sample: Callable[[], Walked], budget: int, sampled: bool
+) -> tuple[Walked, str]:
+    """The walk within its budget, else the random walks (`sampled`) or the part walked; with its method."""
+    walked = walk()
+    if walked.complete:
+        return walked, "exhaustive"
+    return (sample(), "sampled") if sampled else (walked, f"partial ({budget} states)")
+
+
+def witnessed(
+    walked: Walked,
+    method: str,
+    bucket_of: Callable[[Shape], Bucket | None],
+    arrange: Callable[[tuple[Action, ...]], tuple[Action, ...]],
+) -> Reachable:
+    """Each reached bucket with its best witness: fewest aborts, then fewest actions, in arrival order."""
+    witnesses: dict[Bucket, tuple[Action, ...]] = {}
+    for shape in sorted(walked.shapes, key=lambda s: (_aborts(walked.paths[s]), len(walked.paths[s]), s)):
+        bucket = bucket_of(shape)
+        if bucket is not None and bucket not in witnesses:
+            witnesses[bucket] = arrange(walked.paths[shape])
+    return Reachable(frozenset(witnesses), method, walked.states, witnesses)
+
+
+def _aborts(path: tuple[Action, ...]) -> int:
+    return sum(a.kind == "abort" for a in path)
+
+
+def breadth_first(
+    empty: Hashable,
+    steps: Callable[[Any], Iterable[tuple[Action, Iterable[Shape], Any]]],
+    aborts: Callable[[Any], Iterable[tuple[Action, Any]]],
+    max_states: int | None = None,
+) -> Walked:
+    """Breadth first from the empty engine, in rounds: round k reaches the states that need k
+    aborts. Every shape the `steps` of a state dispatch, each with a path of fewest aborts, then
+    fewest actions. Both layouts' walks are this search over their own states and rules."""
+    parent: dict[Any, tuple[Any, Action] | None] = {empty: None}
+    todo = deque([empty])
+    paths: dict[Shape, tuple[Action, ...]] = {}
+    while todo:
+        seen: list[Any] = []
+        while todo:
+            if max_states is not None and len(parent) > max_states:
+                return Walked(frozenset(paths), len(parent), False, paths)
+            state = todo.popleft()
+            seen.append(state)
+            for action, shapes, nxt in steps(state):
+                for shape in shapes:
+                    if shape not in paths:
+                        paths[shape] = (*_path(parent, state), action)
+                if nxt not in parent:
+                    parent[nxt] = (state, action)
+                    todo.append(nxt)
+        for state in seen:
+            for action, nxt in aborts(state):
+                if nxt not in parent:
+                    parent[nxt] = (state, action)
+                    todo.append(nxt)
+    return Walked(frozenset(paths), len(parent), True, paths)
+
+
+def _path(parent: dict[Any, tuple[Any, Action] | None], state: Any) -> tuple[Action, ...]:
+    out: list[Action] = []
+    link = parent[state]
+    while link is not None:
+        state, action = link
+        out.append(action)
+        link = parent[state]
+    return tuple(reversed(out))

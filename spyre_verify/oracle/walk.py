@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import functools
 import random
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +40,16 @@ from spyre_verify.oracle.derive import (
     prefill_key,
     usable_blocks,
 )
-from spyre_verify.oracle.results import STATE_BUDGET, Action, Reachable, Shape, Walked
+from spyre_verify.oracle.results import (
+    STATE_BUDGET,
+    Action,
+    Reachable,
+    Shape,
+    Walked,
+    breadth_first,
+    explored,
+    witnessed,
+)
 
 __all__ = ["STATE_BUDGET", "Action", "Reachable", "Shape", "Walked", "reachable", "space", "to_bucket", "walk"]
 
@@ -170,38 +178,12 @@ def aborts(sp: Space, state: State) -> Iterator[tuple[Action, State]]:
 def walk(sp: Space, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that
     need k aborts. Every shape, each with a path of fewest aborts."""
-    parent: dict[State, tuple[State, Action] | None] = {EMPTY: None}
-    todo = deque([EMPTY])
-    paths: dict[Shape, tuple[Action, ...]] = {}
-    while todo:
-        seen: list[State] = []
-        while todo:
-            if max_states is not None and len(parent) > max_states:
-                return Walked(frozenset(paths), len(parent), False, paths)
-            state = todo.popleft()
-            seen.append(state)
-            for action, shape, nxt in successors(sp, state):
-                if shape not in paths:
-                    paths[shape] = (*_path(parent, state), action)
-                if nxt not in parent:
-                    parent[nxt] = (state, action)
-                    todo.append(nxt)
-        for state in seen:
-            for action, nxt in aborts(sp, state):
-                if nxt not in parent:
-                    parent[nxt] = (state, action)
-                    todo.append(nxt)
-    return Walked(frozenset(paths), len(parent), True, paths)
-
-
-def _path(parent: dict[State, tuple[State, Action] | None], state: State) -> tuple[Action, ...]:
-    out = []
-    link = parent[state]
-    while link is not None:
-        state, action = link
-        out.append(action)
-        link = parent[state]
-    return tuple(reversed(out))
+    return breadth_first(
+        EMPTY,
+        lambda s: ((a, (shape,), nxt) for a, shape, nxt in successors(sp, s)),
+        lambda s: aborts(sp, s),
+        max_states,
+    )
 
 
 def in_arrival_order(bs: int, path: Sequence[Action]) -> tuple[Action, ...]:
@@ -269,21 +251,6 @@ def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, 
     """
     if is_ragged(config):
         return ragged_walk.reachable(config, budget, seed, sampled)
-    sp = space(config)
-    walked = walk(sp, max_states=budget)
-    method = "exhaustive"
-    if not walked.complete and sampled:
-        walked, method = sample(sp, runs=200, seed=seed), "sampled"
-    elif not walked.complete:
-        method = f"partial ({budget} states)"
-    lad = ladders(config)
-    witnesses: dict[Bucket, tuple[Action, ...]] = {}
-    for shape in sorted(walked.shapes, key=lambda s: (_aborts(walked.paths[s]), len(walked.paths[s]), s)):
-        bucket = to_bucket(lad, shape)
-        if bucket is not None and bucket not in witnesses:
-            witnesses[bucket] = in_arrival_order(config.block_size, walked.paths[shape])
-    return Reachable(frozenset(witnesses), method, walked.states, witnesses)
-
-
-def _aborts(path: tuple[Action, ...]) -> int:
-    return sum(a.kind == "abort" for a in path)
+    sp, lad = space(config), ladders(config)
+    walked, method = explored(lambda: walk(sp, budget), lambda: sample(sp, 200, seed), budget, sampled)
+    return witnessed(walked, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(config.block_size, p))
