@@ -58,6 +58,14 @@ class RaggedJudge:
     ) -> list[tuple[str, str]]:
         """Rule by rule, the likeliest cause first; `calls` and `tokens` are judged when given."""
         s, out = self.last, []
+        # The blocks each request held after the step before this one (a step may be judged twice:
+        # `agrees`, then `differences`): a leak names the blocks that should have come back.
+        if getattr(self, "_seen_at", None) is not s:
+            self._seen_at, self._before = s, getattr(self, "_now", {})
+            self._now = {r.request_id: tuple(r.blocks) for r in rows}
+            if prefill is not None:
+                self._now[prefill.request_id] = tuple(prefill.blocks)
+        seen_blocks: dict[str, tuple[int, ...]] = self._before
         if admitted != s.admitted:
             if s.held_back:
                 why = f": {s.held_back}"
@@ -120,7 +128,9 @@ class RaggedJudge:
             )
         if free_blocks is not None and free_blocks != self.U - self.reserved:
             rule = "abort" if s.kind == "abort" else "finish" if s.finished else "reservation"
+            held = sorted(b for rid in s.finished for b in seen_blocks.get(rid, ()))
             ended = f" after {list(s.finished)} ended" if s.finished else ""
+            ended += f", which held {' and '.join(f'block {b}' for b in held)}" if held else ""
             out.append(
                 (
                     rule,
