@@ -16,6 +16,7 @@ rungs from the chunked keys (a chunked key's table width is not a KV rung, so it
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -73,7 +74,9 @@ def step_probes(builder: Any, lad: Ladders) -> Iterator[tuple[str, list[RaggedSe
     """One decoding row beside a chunk of each query member, and that row alone."""
     bs, row = lad.block_size, _seq(1, 1, 1, lad.block_size)
     yield "a step of one decode alone", [row], None
-    for q in query_members(lad):
+    # A first chunk of q tokens needs ceil(q / bs) entries: a budget above the longest sequence
+    # allows queries no KV rung holds, and no prompt that long exists.
+    for q in (q for q in query_members(lad) if q <= lad.kv_blocks[-1] * bs):
         yield f"a step of one decode and {describe_call('attend', (q,), (q,))}", [row], _seq(0, q, q, bs)
 
 
@@ -81,6 +84,9 @@ def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
     """Every probe's pick against the oracle's key; the builder's ladders against the oracle's."""
     lad = ladders(config)
     seen: dict[str, dict[int, tuple[str, Bucket, Bucket | None]]] = {d: {} for d in lad.as_dict()}
+    # The rungs the oracle's own keys for the same probes use: a rung no valid probe can reach (say
+    # a num_seqs rung whose rows cannot fit the longest sequence) is not the builder's to show.
+    expected: dict[str, set[int]] = {d: set() for d in lad.as_dict()}
     mismatches: list[tuple[str, Bucket, Bucket | None]] = []
     for kernel, lens, qlens, build in probes(builder, lad, config.max_num_seqs):
         what, want = describe_call(kernel, lens, qlens), call_key(lad, kernel, lens, qlens)
@@ -91,6 +97,8 @@ def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
             return [Disagreement("builder-error", "builder", "bucket key", msg, want, batch=what)]
         for dim, r in rungs_of(got).items():
             seen.setdefault(dim, {}).setdefault(r, (what, got, want))
+        for dim, r in (rungs_of(want) if want is not None else {}).items():
+            expected.setdefault(dim, set()).add(r)
         if got != want:
             mismatches.append((what, got, want))
     for what, decodes, chunk in step_probes(builder, lad):
@@ -99,8 +107,12 @@ def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
             want = call_key(lad, call.bucket.kernel, lens, qlens)
             if call.bucket != want:
                 mismatches.append((f"{describe_call(call.bucket.kernel, lens, qlens)} in {what}", call.bucket, want))
-    truths = lad.as_dict().items()
-    out = [_divergence(lad, d, seen[d], mismatches) for d, truth in truths if tuple(sorted(seen[d])) != truth]
+    rungs = {d: tuple(sorted(expected[d])) for d in lad.as_dict()}
+    probed = dataclasses.replace(
+        lad, kv_blocks=rungs["kv_blocks"], num_seqs=rungs["num_seqs"], query_tokens=rungs["query_tokens"]
+    )
+    truths = probed.as_dict().items()
+    out = [_divergence(probed, d, seen[d], mismatches) for d, truth in truths if tuple(sorted(seen[d])) != truth]
     if mismatches and not out:
         what, got, want = mismatches[0]
         msg = (

@@ -14,7 +14,7 @@
   config), budgeted and memoised per config.
 - **ladders**: the builder, probed over every batch shape, uses the oracle's ladders
   and keys; every warm bucket sits on the oracle's ladders (`checks.ladders`; for a ragged
-  config the warm set alone, `hunt.ragged_ladders`, the probe skipped).
+  config the ragged builder's probe, `checks.ragged_probe`, and the warm set, `hunt.ragged_ladders`).
 - **config**: `RuntimeConfig.from_env` accepts a config and reads its env exactly when
   `spyre_verify.oracle.accept` says so.
 
@@ -39,12 +39,13 @@ from runtime.metadata import MetadataBuilder, PrefillMetadata
 from spyre_verify import faults
 from spyre_verify.checks.ladders import Disagreement, probe_builder, warm_disagreements
 from spyre_verify.checks.padding_rules import block_table_problems
+from spyre_verify.checks.ragged_probe import probe_ragged
 from spyre_verify.hunt.cases import dispatch_cases, ladder_configs, walk_configs
 from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.hunt.findings import Finding, crash, from_runtime, ops_for, warm_ladder
 from spyre_verify.hunt.lockstep import Lockstep
 from spyre_verify.hunt.ragged_dispatch import ragged_findings
-from spyre_verify.hunt.ragged_ladders import SKIPPED, ragged_warm_disagreements
+from spyre_verify.hunt.ragged_ladders import ragged_warm_disagreements
 from spyre_verify.hunt.ragged_lockstep import RaggedLockstep
 from spyre_verify.hunt.ragged_replay import replay_ragged
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
@@ -221,8 +222,8 @@ def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = 
 @functools.lru_cache(maxsize=1024)
 def _probe(config: RuntimeConfig, fault: str | None) -> tuple[Disagreement, ...]:
     w = world(config, fault)
-    if w.ragged is not None:  # the builder probe is padded-only: `ragged_ladders.SKIPPED` says so
-        return tuple(ragged_warm_disagreements(w.warm, w.lad, "the warm plan"))
+    if w.ragged is not None:
+        return (*probe_ragged(w.ragged, w.config), *ragged_warm_disagreements(w.warm, w.lad, "the warm plan"))
     return (*probe_builder(w.builder, w.config), *warm_disagreements(w.warm, w.config, "the warm plan"))
 
 
@@ -298,7 +299,6 @@ PROPERTIES: dict[str, Property] = {
             "the builder's picks over every shape and the warm plan sit on the oracle's ladders and keys",
             lambda f, layouts: ladder_configs(layouts),
             ladders_property,
-            skipped={"ragged": SKIPPED},
         ),
         Property(
             "warmup",

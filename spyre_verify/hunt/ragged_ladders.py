@@ -2,9 +2,8 @@
 
 An attend bucket's KV rung must be on the KV ladder and its query rung on the query ladder; a
 chunked bucket must be the key `derive.chunked_key` gives some (seqs rung, KV rung) pair; and a
-ragged warm set holds no padded kernel's bucket. Probing the ragged builder over every batch
-shape (`checks.ladders.probe_builder`) is not done here: that probe knows the padded builder
-only, so the property says it skipped it (`SKIPPED`) until the ragged probe lands there.
+ragged warm set holds no padded kernel's bucket. The ragged builder itself is probed over every
+batch shape by `checks.ragged_probe.probe_ragged`, beside this.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from collections.abc import Iterable
 from runtime.bucketer import AttendKey, Bucket, ChunkedKey
 from spyre_verify.checks.ladders import Disagreement
 from spyre_verify.oracle.derive import Ladders, chunked_key
-
-SKIPPED = "probing the ragged builder over every batch shape (checks.ladders.probe_builder is padded-only)"
 
 
 def ragged_warm_disagreements(warm: Iterable[Bucket], lad: Ladders, source: str) -> list[Disagreement]:
