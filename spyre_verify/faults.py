@@ -25,14 +25,11 @@ from runtime import scheduler
 from runtime.block_pool import BlockPool
 from runtime.bucketer import (
     ATTEND,
-    BATCHED,
-    CHUNKED,
     DECODE,
     PREFILL,
     BatchedKey,
     Bucket,
     DecodeKey,
-    SpyreAttnBucketer,
 )
 from runtime.config import RuntimeConfig
 from runtime.metadata import DecodeMetadata, MetadataBuilder, SeqState
@@ -41,6 +38,18 @@ from runtime.requests import RequestQueue
 from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
+from spyre_verify.fault_configs import (
+    binding_limit,
+    over_pruned,
+    sparse_override,
+    split_prompts,
+    unpruned,
+    with_pruning,
+    without_batched,
+)
+
+# dropped_bucket: the bucket over-pruned-warmup drops, which the tests name.
+from spyre_verify.fault_configs import dropped_bucket as dropped_bucket
 from spyre_verify.ragged_faults import own_query_ladder, query_override, wide_step_queries
 from spyre_verify.ragged_faults_kv import chunk_offset_ignored
 
@@ -144,70 +153,6 @@ def unmasked_kernels() -> Iterator[None]:
         yield
 
 
-def _sparse_override(c: RuntimeConfig) -> RuntimeConfig:
-    if c.kv_buckets is not None:
-        return c
-    # A rung three quarters up leaves the short sequences without the small rungs
-    # the builder's private ladder keeps (1, 2, ... blocks): the historical symptom.
-    top = c.max_blocks_per_seq
-    rungs = sorted({max(1, (3 * top + 3) // 4), top})
-    return c.with_(kv_buckets=tuple(r * c.block_size for r in rungs))
-
-
-def _split_prompts(c: RuntimeConfig) -> RuntimeConfig:
-    """A token budget of half a sequence (at least max_num_seqs), so that long prompts are
-    prefilled in several chunks and a chunk's offset matters. A config with a query override
-    keeps its own budget: the override's top rung is tied to it."""
-    half = max(c.max_num_seqs, c.max_model_len // 2)
-    if not c.ragged or c.query_buckets is not None or c.token_budget <= half:
-        return c
-    return c.with_(max_num_batched_tokens=half)
-
-
-def _with_pruning(c: RuntimeConfig) -> RuntimeConfig:
-    """A config whose bucketer prunes something, so that compiling the pruned buckets shows. A
-    small ragged config can reach every key; a query ladder of powers of two (2, 4, ... T) puts
-    rungs too wide for the smallest KV rung on it."""
-    if SpyreAttnBucketer(c).pruned() or not c.ragged or c.query_buckets is not None or c.token_budget <= 2:
-        return c
-    T = c.token_budget
-    return c.with_(query_buckets=tuple(sorted({*(1 << k for k in range(1, T.bit_length())), T} - {1})))
-
-
-def _unpruned(c: RuntimeConfig) -> Seams:
-    pruned = [p.bucket for p in SpyreAttnBucketer(c).pruned()]
-    return Seams(warmup_buckets=lambda plan: plan + pruned)
-
-
-def dropped_bucket(plan: list[Bucket]) -> Bucket | None:
-    """The bucket over-pruned warmup drops: the largest batched one, else the largest decode,
-    else the largest prefill (ragged: the largest chunked, else the largest attend); None for an
-    empty plan (nothing to drop)."""
-    for kernel in (BATCHED, DECODE, PREFILL, CHUNKED, ATTEND):
-        mine = [b for b in plan if b.kernel == kernel]
-        if mine:
-            return max(mine)
-    return None
-
-
-def _over_pruned(c: RuntimeConfig) -> Seams:
-    def drop(plan: list[Bucket]) -> list[Bucket]:
-        gone = dropped_bucket(plan)
-        return [b for b in plan if b != gone]
-
-    return Seams(warmup_buckets=drop)
-
-
-def _binding_limit(c: RuntimeConfig) -> RuntimeConfig:
-    """A volumetric limit that binds: a quarter of a sequence above one whole one (20 for
-    max_model_len 16), so two long rows exceed it while every request still fits alone.
-    A config that already binds keeps its own; with max_num_seqs 1 no limit above L can bind."""
-    L = c.max_model_len
-    if c.batch_tkv_limit < L * c.max_num_seqs:
-        return c
-    return c.with_(max_batch_tkv_limit=L + L // 4)
-
-
 @contextlib.contextmanager
 def unchecked_volume() -> Iterator[None]:
     """`Scheduler.next_admission` with the projected peak it compares to the limit always 0,
@@ -258,13 +203,6 @@ def limit_from_kv_ladder() -> Iterator[None]:
         yield
 
 
-def _without_batched(c: RuntimeConfig) -> str | None:
-    """Why a fault of the batched kernel is inert on `c`: no batched decode ever runs."""
-    if not c.batched_decode or c.max_num_seqs < 2:
-        return "no batched decode runs on this config (SPYRE_BATCHED_DECODE=0 or max_num_seqs 1)"
-    return None
-
-
 CATALOG: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -272,7 +210,7 @@ CATALOG: dict[str, Fault] = {
             "builder-own-ladder",
             "dispatch-coverage",
             "the builder keeps its own power-of-two KV ladder and ignores SPYRE_ATTN_KV_BUCKETS",
-            configure=_sparse_override,
+            configure=sparse_override,
             patch=builder_rounding(own_ladder_rung),
             layouts=("padded",),
         ),
@@ -280,7 +218,7 @@ CATALOG: dict[str, Fault] = {
             "inline-builder-ladder",
             "ladder-agreement",
             "the builder's decode rounding uses an inline power-of-two KV ladder of its own, not the bucketer's",
-            configure=_sparse_override,
+            configure=sparse_override,
             patch=builder_rounding(inline_rung),
             layouts=("padded",),
         ),
@@ -289,7 +227,7 @@ CATALOG: dict[str, Fault] = {
             "dispatch-coverage",
             "warmup records only the per-sequence kernel (and prefill)",
             lambda c: Seams(warmup_kernels=(ATTEND,) if c.ragged else (DECODE, PREFILL)),
-            inert=_without_batched,
+            inert=without_batched,
         ),
         Fault(
             "fresh-tensor-recorder",
@@ -297,7 +235,7 @@ CATALOG: dict[str, Fault] = {
             "warmup records on fresh tensors whose strides differ from the staging buffers",
             lambda c: Seams(warmup_fresh_tensors=True),
             # Only the batched kernel's 2-D table slice has strides a contiguous copy changes.
-            inert=_without_batched,
+            inert=without_batched,
         ),
         Fault(
             "live-block-padding",
@@ -315,14 +253,14 @@ CATALOG: dict[str, Fault] = {
             "unpruned-warmup",
             "warmup-exactness",
             "warmup also compiles every unreachable bucket",
-            _unpruned,
-            configure=_with_pruning,
+            unpruned,
+            configure=with_pruning,
         ),
         Fault(
             "over-pruned-warmup",
             "warmup-exactness",
             "pruning drops a reachable bucket (the largest batched one, else the largest decode, else prefill)",
-            _over_pruned,
+            over_pruned,
         ),
         Fault(
             "recompile-limit-fallback",
@@ -353,7 +291,7 @@ CATALOG: dict[str, Fault] = {
             "volume-unchecked",
             "volume-limit",
             "admission ignores the volumetric limit, so a decode step attends more than max_batch_tkv_limit",
-            configure=_binding_limit,
+            configure=binding_limit,
             patch=unchecked_volume,
             layouts=("padded",),
         ),
@@ -377,7 +315,7 @@ CATALOG: dict[str, Fault] = {
             "chunk-offset-ignored",
             "padding-validity",
             "a prefill chunk attends and writes as if it started at position 0, ignoring its offset",
-            configure=_split_prompts,
+            configure=split_prompts,
             patch=chunk_offset_ignored,
             layouts=("ragged",),
         ),
