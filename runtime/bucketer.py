@@ -196,10 +196,14 @@ class SpyreAttnBucketer:
         if not self.config.batched_decode:
             return "batched decode is disabled (SPYRE_BATCHED_DECODE=0)"
         if store_out == needs_gather:
-            return "flags never dispatched together: store_out is exactly not needs_gather"
+            return (
+                "never dispatched: a full batch stores straight to the output (needs_gather False, store_out True), "
+                "a padded one is gathered (True, False)"
+            )
         seqs = range(low + 1, n) if needs_gather else range(n, n + 1)
         if not seqs:
-            return f"needs_gather needs fewer real seqs than {n}, but the rung below is {low}"
+            smaller = "the per-sequence kernel" if low < 2 else f"the {low}-row rung"
+            return f"never dispatched: only a batch of fewer than {n} rows is padded to {n}, and {low} row{'s' * (low != 1)} or fewer use {smaller}"
         return self._why_not_decode(seqs, self.kv_members(kv))
 
     def _why_not_prefill(self, tokens: int) -> str | None:

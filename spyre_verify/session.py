@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,16 @@ class RunResult:
     runtime: str = "bundled"  # the name of the runtime verified
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     most_chunks: int = 0  # ragged: the most chunks one prompt was prefilled in (0: padded, or no prompt split)
+    # Wall seconds by phase (warmup, traffic, coverage, reference, checks, controls): where a slow run's time went.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - t0
 
     def checker(self, name: str) -> Any:
         return next(c for c in self.checkers if c.name == name)
@@ -300,7 +310,8 @@ def verify(
         try:
             if progress:
                 progress(f"warmup: compiling {len(engine.warm_plan())} graphs with {config.backend}")
-            engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
+            with result.timing("warmup"):
+                engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
             result.warmup_graphs = log.warmup_graphs
             result.warmup_seconds = time.perf_counter() - t0
             if graph is not None:
@@ -311,15 +322,18 @@ def verify(
             workload = workload if workload is not None else seeded_workload(engine.config, 40, endings=True)
             t0 = time.perf_counter()
             with graph.guard() if graph is not None else contextlib.nullcontext():
-                result.requests, result.rejected = served = serve(engine, workload, progress, checkers)
+                with result.timing("traffic"):
+                    result.requests, result.rejected = served = serve(engine, workload, progress, checkers)
                 if coverage:
                     # The edge of admission: each must be admitted or refused exactly as DESIGN says;
                     # then aborts of running requests, which the workload's queue makes rare.
-                    for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)):
-                        edge = serve(engine, edges, progress, checkers)
-                        result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
+                    with result.timing("traffic"):
+                        for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)):
+                            edge = serve(engine, edges, progress, checkers)
+                            result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
-                    result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
+                    with result.timing("coverage"):
+                        result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
         except InvariantViolation as e:
             result.error = f"{stage} stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding, not a traceback
@@ -343,15 +357,18 @@ def verify(
             result.error = f"verified too little: graph-reuse did not run ({why}), so serving was not guarded"
         result.dispatch = {str(b): n for b, n in ordered(log.counts().items())}
         for c in checkers:
+            # The output check runs the eager reference of every request: the phase users ask about.
             try:
-                c.finish(engine)
+                with result.timing("reference" if isinstance(c, OutputEquivalence) else "checks"):
+                    c.finish(engine)
             except InvariantViolation:
                 pass
             except Exception as e:
                 crash.record(f"the {c.name} check's end-of-run inspection", e)
         if controls and graph is not None:
             try:
-                graph.run_controls()
+                with result.timing("controls"):
+                    graph.run_controls()
             except InvariantViolation:
                 pass
             except Exception as e:

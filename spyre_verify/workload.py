@@ -37,6 +37,23 @@ Item = Arrival | Abort  # a workload is a list of items in step order
 STOP_SHARE, IGNORE_EOS_SHARE, ABORT_SHARE = 0.3, 0.1, 0.1
 ABORT_DELAYS = (0, 1, 2, 4, 8, 16)
 
+# Steps grow with max_tokens: at max_model_len 2048 uncapped draws made 12,450 steps of 40
+# requests. Above this length a request generates at most this many tokens, except the first
+# one drawn to fill max_model_len, which keeps its length so the run still meets that edge. Long
+# prompts reach the deep KV rungs in one prefill; the coverage witnesses reach the rest.
+LONG_TOKENS = 256
+
+
+def tokens_rule(config: RuntimeConfig) -> str:
+    """How `seeded_workload` draws max_tokens for `config`, in words, for the reports."""
+    if config.max_model_len <= LONG_TOKENS:
+        return "max_tokens drawn from 1 up to what fits in max_model_len"
+    return (
+        f"max_tokens drawn from 1 up to {LONG_TOKENS} (max_model_len {config.max_model_len} > {LONG_TOKENS}), "
+        "except one request that fills max_model_len: the run stays within minutes, and long prompts "
+        "reach the deep KV rungs"
+    )
+
 
 @overload
 def seeded_workload(
@@ -54,6 +71,7 @@ def seeded_workload(
     bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
     out, step = [], 0
     longest = max(1, L - 1)
+    full = False  # whether a request already fills max_model_len (above LONG_TOKENS)
     for _ in range(requests):
         step += rng.choice([0, 0, 0, 1, 2, 5, 10])
         p = rng.choice([1, rng.randint(1, bs), rng.randint(1, longest), longest])
@@ -62,6 +80,8 @@ def seeded_workload(
         if room < 1:
             p, room = 1, max(1, L - bs)  # where nothing fits (L <= bs) the engine rejects it
         mt = rng.choice([1, rng.randint(1, room), room])
+        if mt > LONG_TOKENS and L > LONG_TOKENS:
+            mt, full = (mt, True) if mt == room and not full else (LONG_TOKENS, full)
         out.append(Arrival(step, tuple(rng.randrange(vocab) for _ in range(p)), max(1, mt)))
     return with_endings(config, out, seed) if endings else out
 

@@ -112,9 +112,12 @@ class DispatchCoverage(Checker):
             want = call_key(self.lad, ev.kernel, b.seq_lens, b.query_lens)
             what = describe_call(ev.kernel, b.seq_lens, b.query_lens)
         elif ev.kernel == PREFILL:
-            want, what = prefill_key(self.lad, b.tkv), f"a prefill at tkv {b.tkv}"
+            want, what = prefill_key(self.lad, b.tkv), f"a prefill with the batch at position {b.tkv} (tkv {b.tkv})"
         else:
-            want, what = decode_key(self.lad, rows, b.tkv), f"a decode of {rows} row{'s' * (rows != 1)} at tkv {b.tkv}"
+            want, what = (
+                decode_key(self.lad, rows, b.tkv),
+                f"a decode of {rows} row{'s' * (rows != 1)} writing position {b.tkv} (tkv {b.tkv})",
+            )
         if ev.bucket == want:
             return
         batch = describe_batch(b)

@@ -31,7 +31,11 @@ DIMENSIONS = ("kv_blocks", "num_seqs", "prefill_tokens")
 
 def describe(shape: Shape) -> str:
     kind, a, b = shape
-    return f"a prefill at tkv {a}" if kind == "prefill" else f"a decode of {a} row{'s' * (a != 1)} at tkv {b}"
+    return (
+        f"a prefill with the batch at position {a} (tkv {a})"
+        if kind == "prefill"
+        else f"a decode of {a} row{'s' * (a != 1)} writing position {b} (tkv {b})"
+    )
 
 
 # -- the builder, probed ---------------------------------------------------------------------------

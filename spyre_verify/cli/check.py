@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,19 @@ class Done:
     rows: list[KillRow] = field(default_factory=list)
     per_seq_not_run: str | None = None
     faults: int = 0  # the faults the catalog seeds on this config
+    started: float = field(default_factory=time.perf_counter)
+    # Wall seconds of the parts outside the main pass: the per-sequence pass and the fault catalog.
+    per_seq_seconds: float = 0.0
+    catalog_seconds: float = 0.0
+
+    def phases(self) -> dict[str, float]:
+        """Where the run's wall time went (reports/README.md, `phases`)."""
+        main = self.result.phases if self.result is not None else {}
+        out = {k: main.get(k, 0.0) for k in ("warmup", "traffic", "coverage", "reference", "checks")}
+        out["controls"] = main.get("controls", 0.0) + self.catalog_seconds
+        out["per_sequence_pass"] = self.per_seq_seconds
+        out["total"] = time.perf_counter() - self.started
+        return {k: round(v, 3) for k, v in out.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
                 done.stage = "the per-sequence pass"
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
                 no_batched = config.with_(batched_decode=False)
+                t0 = time.perf_counter()
                 done.per_seq = verify(no_batched, workload=work, controls=False, progress=say, runtime=rt.target)
+                done.per_seq_seconds = time.perf_counter() - t0
             if not args.no_controls and not catalog:
                 say(
                     f"fault catalog not run: the {rt.name} runtime ships no faults(), so nothing proves its checkers can fail"
@@ -105,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
             if not args.no_controls and catalog:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 done.stage = "the fault catalog"
+                t0 = time.perf_counter()
                 kill_table(config, work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
+                done.catalog_seconds = time.perf_counter() - t0
     except KeyboardInterrupt:
         path = write_partial(args.out, name, config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
@@ -114,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
+    p["phases"] = done.phases()
     p["controls_not_applicable"] = faults.not_applicable(config) if rt.bundled and p["controls"] is not None else {}
     passes = [r for r in (done.result, done.per_seq) if r is not None]
     p["runtime_crash"] = crashed = crash_report(args.out, name, [t for r in passes for t in tracebacks_of(r.checkers)])
@@ -186,6 +205,6 @@ def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Do
         md = "\n".join([*md_title("check", "interrupted", fault), why, ""])
     if done.stage == "the fault catalog":
         done.stage += f" ({len(done.rows)} of {done.faults} run)"
-    p |= {"verdict": "interrupted", "interrupted": True, "interrupted_during": done.stage}
+    p |= {"verdict": "interrupted", "interrupted": True, "interrupted_during": done.stage, "phases": done.phases()}
     write_atomic(out / f"{name}.md", md)
     return write_json(out / f"{name}.json", p)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.scheduler import FINISH_REASONS
 from spyre_verify.checks.violations import Checker
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
+from spyre_verify.workload import tokens_rule
 
 if TYPE_CHECKING:  # the CLI answers a bad flag before the run's modules (and torch) load
     from spyre_verify.controls import KillRow
@@ -51,6 +52,7 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
             "requests": result.requests,
             "rejected": result.rejected,
             "steps": result.steps,
+            "max_tokens": tokens_rule(result.config),
             "serve_seconds": round(result.serve_seconds, 3),
             # every finish by reason, as the engine reported it (length, stop, abort)
             "finished_by_reason": {why: result.finished_by_reason.get(why, 0) for why in FINISH_REASONS},
@@ -100,6 +102,7 @@ def markdown(p: dict[str, Any]) -> str:
         coverage_line(cov),
         f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}."
         + (f" Longest prompt: {n} chunks." if (n := p.get("workload", {}).get("most_chunks")) else ""),
+        *([phases_line(p["phases"])] if p.get("phases") else []),
         "",
     ]
     rows = [
@@ -143,3 +146,9 @@ def markdown(p: dict[str, Any]) -> str:
         stopped = not p["error"].startswith("verified ")  # "verified nothing/too little": it served to the end
         lines += [f"Serving stopped early: {p['error']}" if stopped else p["error"].capitalize(), ""]
     return "\n".join(lines)
+
+
+def phases_line(phases: dict[str, float]) -> str:
+    """The wall time by phase, slowest first, with the total."""
+    parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if k != "total"]
+    return f"Time: {phases.get('total', 0.0):.1f} s in all; " + ", ".join(parts) + "."

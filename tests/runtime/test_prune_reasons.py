@@ -39,12 +39,15 @@ def test_per_sequence_decode_covers_every_row_count_when_batched_is_off() -> Non
 
 def test_mixed_flags_and_a_missing_rung_below() -> None:
     got = reasons(block_size=4, max_model_len=10, max_num_seqs=2)
-    flags = "flags never dispatched together: store_out is exactly not needs_gather"
+    flags = (
+        "never dispatched: a full batch stores straight to the output (needs_gather False, store_out True), "
+        "a padded one is gathered (True, False)"
+    )
     assert got[Bucket(BATCHED, BatchedKey(2, 1, T, T))] == flags
     assert got[Bucket(BATCHED, BatchedKey(2, 3, F, F))] == flags
     assert (
         got[Bucket(BATCHED, BatchedKey(2, 1, T, F))]
-        == "needs_gather needs fewer real seqs than 2, but the rung below is 1"
+        == "never dispatched: only a batch of fewer than 2 rows is padded to 2, and 1 row or fewer use the per-sequence kernel"
     )
 
 

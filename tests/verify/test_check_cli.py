@@ -111,6 +111,19 @@ def test_reports_land_in_out_and_progress_on_stderr(default_run: tuple[int, dict
     assert "warmup: 15/15" in err and "serving: step 50" in err
 
 
+def test_the_report_says_where_the_time_went(default_run: tuple[int, dict[str, Any], str, Path]) -> None:
+    _, report, _, out_dir = default_run
+    phases = report["phases"]
+    parts = ("warmup", "traffic", "coverage", "reference", "checks", "controls", "per_sequence_pass")
+    assert set(phases) == {*parts, "total"}
+    assert all(phases[k] > 0 for k in ("warmup", "traffic", "coverage", "controls", "per_sequence_pass"))
+    # The parts are disjoint slices of the run, so they add up to no more than its wall time.
+    assert sum(phases[k] for k in parts) <= phases["total"] + 0.01
+    assert phases["warmup"] == pytest.approx(report["warmup"]["seconds"], abs=0.01)
+    assert "Time: " in (out_dir / "check.md").read_text()
+    assert report["workload"]["max_tokens"] == "max_tokens drawn from 1 up to what fits in max_model_len"
+
+
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(argv)
     out, err = capsys.readouterr()

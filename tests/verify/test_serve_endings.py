@@ -6,6 +6,7 @@ and the tensor-free `Sim` stops and aborts by the runtime's own rules."""
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import pytest
@@ -14,7 +15,16 @@ from runtime.config import RuntimeConfig
 from runtime.scheduler import Request, StepPlan
 from spyre_verify.serve_loop import ServeStats, serve
 from spyre_verify.sim import STAND_IN, Sim
-from spyre_verify.workload import ABORT_SHARE, Abort, Arrival, Item, seeded_workload, with_endings
+from spyre_verify.workload import (
+    ABORT_SHARE,
+    LONG_TOKENS,
+    Abort,
+    Arrival,
+    Item,
+    seeded_workload,
+    tokens_rule,
+    with_endings,
+)
 
 TINY = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")  # check's defaults
@@ -152,3 +162,14 @@ def test_a_workload_with_endings_serves_to_the_end_and_frees_every_block() -> No
     assert reasons == {"length", "stop", "abort"}  # stand-ins hit the stop ids that hold STAND_IN
     assert stats.aborted and len(done) == stats.accepted
     assert not sim.has_work() and sim.pool.num_free == sim.pool.usable
+
+
+def test_above_long_tokens_max_tokens_is_capped_but_one_request_fills_the_length() -> None:
+    config = RuntimeConfig(block_size=64, max_model_len=2048, max_num_seqs=8)
+    work = seeded_workload(config, 60, seed=3)
+    long = [a.max_tokens for a in work if a.max_tokens > LONG_TOKENS]
+    # One request keeps a max_tokens that fills max_model_len; every other is capped.
+    assert len(long) == 1 and long[0] > LONG_TOKENS
+    assert math.ceil(len(next(a for a in work if a.max_tokens == long[0]).prompt) / 64) * 64 + long[0] == 2048
+    assert sum(a.max_tokens == LONG_TOKENS for a in work) >= 5  # draws above the cap were capped
+    assert "up to 256" in tokens_rule(config) and "fills max_model_len" in tokens_rule(config)
