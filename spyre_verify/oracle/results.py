@@ -11,6 +11,7 @@ from typing import Any
 from runtime.bucketer import Bucket
 
 STATE_BUDGET = 400_000
+TRANSITIONS_PER_STATE = 10  # small configs make 3 to 7 a state; a large one's first states make 10**5
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ def breadth_first(
     parent: dict[Any, tuple[Any, Action] | None] = {empty: None}
     todo = deque([empty])
     paths: dict[Shape, tuple[Action, ...]] = {}
+    # At a large max_model_len one state has thousands of successors (a join per prompt and
+    # max_tokens), so the budget also bounds the transitions: the walk gives up in seconds.
+    moves = 0
+    most = 0 if max_states is None else TRANSITIONS_PER_STATE * max_states
     while todo:
         seen: list[Any] = []
         while todo:
@@ -114,6 +119,9 @@ def breadth_first(
             state = todo.popleft()
             seen.append(state)
             for action, shapes, nxt in steps(state):
+                moves += 1
+                if most and moves > most:
+                    return Walked(frozenset(paths), len(parent), False, paths)
                 for shape in shapes:
                     if shape not in paths:
                         paths[shape] = (*_path(parent, state), action)
