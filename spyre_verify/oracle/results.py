@@ -12,6 +12,7 @@ from runtime.bucketer import Bucket
 
 STATE_BUDGET = 400_000
 TRANSITIONS_PER_STATE = 10  # small configs make 3 to 7 a state; a large one's first states make 10**5
+CLOSED_FORM = "exact (closed form)"
 
 
 @dataclass(frozen=True)
