@@ -11,6 +11,7 @@ from typing import Any
 from runtime.bucketer import Bucket
 
 STATE_BUDGET = 400_000
+CLOSED_FORM = "exact (closed form)"
 
 
 @dataclass(frozen=True)
