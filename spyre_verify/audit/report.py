@@ -146,7 +146,7 @@ def markdown(p: dict[str, Any]) -> str:
     if rt["design_contract"]:
         config = f"Config: {sizes} pool={c['total_blocks']} batched_decode={c['batched_decode']}{layout_words(c)}"
         buckets = (
-            f"{tot['reachable']} reachable ({p['reachable_method']} walk of the contract), {tot['warmed']} warmed in "
+            f"{tot['reachable']} reachable ({p['reachable_method']}, from the contract), {tot['warmed']} warmed in "
             f"{tot['warmup_compile_seconds']} s, {tot['hit']} hit by their warm graph, {tot['pruned']} pruned by the "
             "runtime's bucketer"
         )

@@ -76,7 +76,7 @@ class AuditResult:
     ladders: dict[str, tuple[int, ...]]  # the runtime's own (`ladders()`), shown
     expected_ladders: dict[str, tuple[int, ...]]  # the oracle's, from the config; empty without the contract
     reachable: frozenset[Bucket]  # the oracle's walk; empty without the contract
-    reachable_method: str  # "exhaustive", "sampled" above the walk's state budget, or "not run"
+    reachable_method: str  # "exhaustive" (the walk), "exact (closed form)" above its budget, or "not run"
     pruned: list[Pruned]  # the bundled bucketer's pruning with its reasons: shown, not judged
     scenarios: tuple[Scenario, ...]
     stats: dict[Bucket, BucketStats]
@@ -236,7 +236,7 @@ def _run(
         found = walk_reachable(config)
         reachable, method = found.buckets, found.method
         scenarios = tuple(custom) if custom is not None else tuple(coverage_scenarios(config))
-        say(f"reachable ({method} walk): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
+        say(f"reachable ({method}): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
     else:
         reachable, method = frozenset(), "not run"
         sweep_plan = sweep(shape_of(engine))

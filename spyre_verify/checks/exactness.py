@@ -2,11 +2,9 @@
 
 Warmup's set is taken from the compile events the runtime emitted during warmup (what
 the backend saw), not from the recorder's plan. The reachable set comes from the
-oracle (`spyre_verify.oracle.walk`): an exhaustive walk while the state space stays
-under `STATE_BUDGET` states, random walks above it. A sampled set proves what it saw,
-so above the budget missing buckets are violations, and an extra bucket is one only
-when no batch shape has its key at all (DESIGN's key formulas, `oracle.derive.key_space`);
-the other extras are reported as unconfirmed.
+oracle (`spyre_verify.oracle.walk.reachable`): an exhaustive walk while the state space
+stays under `STATE_BUDGET` states, the closed form above it. Both are exact, so a missing
+bucket and an extra one are violations at every size.
 """
 
 from __future__ import annotations
@@ -63,11 +61,13 @@ class WarmupExactness(Checker):
                 kernel=b.kernel,
                 bucket=str(b),
             )
-        # Sampled, the walk proves only what it saw; DESIGN's key formulas still bound it from above.
-        beyond = extra if reach.exhaustive else sorted(warm - key_space(engine.config))
+        # A walk cut at its budget proves only what it saw; DESIGN's key formulas still bound it from above.
+        beyond = extra if reach.exact else sorted(warm - key_space(engine.config))
         for b in beyond:
-            why = "no batch state can dispatch to it" if reach.exhaustive else "no batch shape has this key"
-            self.flag("extra-bucket", f"{b} was compiled by warmup but {why}", kernel=b.kernel, bucket=str(b))
+            why = "no batch state can dispatch to it" if reach.exact else "no batch shape has this key"
+            self.flag(
+                "extra-bucket", f"{b} was compiled by warmup but {why} ({reach.method})", kernel=b.kernel, bucket=str(b)
+            )
 
     def observed(self) -> dict[str, Any]:
         # Empty until finish: a run that never reached it judged nothing.

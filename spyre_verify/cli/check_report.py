@@ -150,5 +150,7 @@ def markdown(p: dict[str, Any]) -> str:
 
 def phases_line(phases: dict[str, float]) -> str:
     """The wall time by phase, slowest first, with the total."""
-    parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if k != "total"]
+    parts = [
+        f"{k.replace('_', ' ')} {v:.1f} s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if k != "total"
+    ]
     return f"Time: {phases.get('total', 0.0):.1f} s in all; " + ", ".join(parts) + "."

@@ -52,11 +52,14 @@ from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
 from spyre_verify.oracle import ragged_walk
 from spyre_verify.oracle.derive import decode_key, kv_dim, ladders, pool_blocks, prefill_key
-from spyre_verify.oracle.walk import Reachable, reachable, space, to_bucket, walk
+from spyre_verify.oracle.walk import WALK_MAX_LEN, Reachable, closed, reachable, refutations, space, to_bucket, walk
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
 # walked part is checked: every bucket it reached must be warm.
 WALK_BUDGET = 2_000
+# Random walks per config above the walk's budget, up to REFUTE_MAX_LEN: a hunt sees thousands of
+# configs, and one walk at max_model_len 64 (ragged) already takes a second.
+REFUTING_WALKS, REFUTE_MAX_LEN = 2, 32
 
 
 def guarded(
@@ -170,18 +173,17 @@ def _cold(w: World, state: BatchState, cold: list[tuple[StepPoint, Bucket]]) -> 
 # -- warmup exactness ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4096)
 def oracle_reachable(config: RuntimeConfig, budget: int = WALK_BUDGET) -> Reachable:
-    """The oracle's reachable set: exhaustive within `budget` states, else the part walked.
-
-    `oracle.walk.reachable` falls back to random walks above its budget (seconds per
-    config); a hunt sees thousands of configs, so it keeps the breadth-first part instead.
-    """
-    return reachable(config, budget, sampled=False)
+    """The oracle's reachable set: the walk where it finishes within `budget` states, else the
+    closed form; exact either way."""
+    return reachable(config, budget)
 
 
 @functools.lru_cache(maxsize=4096)
 def walked_buckets(config: RuntimeConfig, budget: int = WALK_BUDGET) -> tuple[frozenset[Bucket], bool]:
-    """The buckets of `oracle_reachable` and whether its walk finished, without the witness
-    it builds for each bucket: a clean config (nearly every one) never needs one."""
+    """The buckets the walk reaches within `budget` states and whether it finished, without the
+    witness it builds for each bucket: a clean config (nearly every one) never needs one."""
+    if config.max_model_len > WALK_MAX_LEN:
+        return frozenset(), False
     if config.ragged:
         return ragged_walk.buckets(config, budget)
     walked = walk(space(config), max_states=budget)
@@ -190,32 +192,56 @@ def walked_buckets(config: RuntimeConfig, budget: int = WALK_BUDGET) -> tuple[fr
 
 
 def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = WALK_BUDGET) -> list[Finding]:
-    """Warm set == reachable set (walked exhaustively within `budget` states; else warm ⊇ walked)."""
+    """Warm set == reachable set. Where the walk finishes, the closed form must equal it too (a
+    disagreement is the oracle's own bug, reported as one); above the walk's budget the closed
+    form judges alone, and a few random walks try to refute it."""
 
     def body() -> list[Finding]:
         w = world(config, fault)
         buckets, exhaustive = walked_buckets(w.config, budget)
-        if buckets == w.warm or (not exhaustive and buckets <= w.warm):
-            return []
+        out = oracle_disagreements(w, buckets) if exhaustive else refuted(w)
         reach = oracle_reachable(w.config, budget)
-        out = []
+        if reach.buckets == w.warm:
+            return out
         for b in sorted(reach.buckets - w.warm):
             path = reach.witnesses[b]
             msg = (
                 f"{b} is reachable but warmup never planned it: serving would stall on a compile "
-                f"({reach.method} walk; reached from an empty engine by {' '.join(map(str, path))})"
+                f"({reach.method}; reached from an empty engine by {' '.join(map(str, path))})"
             )
             witness = {"actions": [str(a) for a in path]}
             out.append(Finding.of(w, "warmup", "missing-bucket", msg, b, None, ops_for(path), witness=witness))
-        if reach.exhaustive:
-            for b in sorted(w.warm - reach.buckets):
-                msg = (
-                    f"warmup plans {b}, but no batch state can dispatch to it (exhaustive walk, {reach.states} states)"
-                )
-                out.append(Finding.of(w, "warmup", "extra-bucket", msg, b))
+        for b in sorted(w.warm - reach.buckets):
+            how = f"exhaustive walk, {reach.states} states" if reach.exhaustive else reach.method
+            msg = f"warmup plans {b}, but no batch state can dispatch to it ({how})"
+            out.append(Finding.of(w, "warmup", "extra-bucket", msg, b))
         return out
 
     return guarded("warmup", config, fault, body)
+
+
+def oracle_disagreements(w: World, walked: frozenset[Bucket]) -> list[Finding]:
+    """The closed form against the exhaustive walk on one config: each bucket they disagree on."""
+    closed_form = closed(w.config)
+    out = []
+    for b in sorted(walked ^ closed_form.buckets):
+        side = "the walk reaches it and the closed form does not" if b in walked else "only the closed form has it"
+        msg = f"the harness's two oracles disagree on {b}: {side} (an oracle bug, not the runtime's)"
+        out.append(Finding.of(w, "warmup", "oracle-disagreement", msg, b))
+    return out
+
+
+def refuted(w: World) -> list[Finding]:
+    """A few random walks against the closed form, where the walk cannot finish: a bucket they
+    reach and it lacks refutes it."""
+    if w.config.max_model_len > REFUTE_MAX_LEN:
+        return []
+    out = []
+    for b, path in refutations(w.config, runs=REFUTING_WALKS).items():
+        msg = f"a random walk reaches {b}, which the closed form says is unreachable (by {' '.join(map(str, path))})"
+        witness = {"actions": [str(a) for a in path]}
+        out.append(Finding.of(w, "warmup", "oracle-disagreement", msg, b, None, ops_for(path), witness=witness))
+    return out
 
 
 # -- ladder agreement --------------------------------------------------------------------------------

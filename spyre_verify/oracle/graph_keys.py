@@ -62,8 +62,8 @@ def graph_bucket(kernel: str, shapes: Shapes) -> Bucket | None:
 
 @functools.lru_cache(maxsize=256)
 def warm_graphs(config: RuntimeConfig) -> tuple[dict[str, tuple[Bucket, ...]], str]:
-    """Per kernel, the reachable buckets a bounded walk finds (each needs its own graph), and the walk's method."""
-    found = reachable(config, budget=LIMIT_WALK_STATES, sampled=False)
+    """Per kernel, the reachable buckets (each needs its own graph), and how the oracle found them."""
+    found = reachable(config, budget=LIMIT_WALK_STATES)
     per: dict[str, list[Bucket]] = {}
     for b in sorted(found.buckets):
         per.setdefault(b.kernel, []).append(b)

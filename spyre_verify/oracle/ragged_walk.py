@@ -30,8 +30,8 @@ after k tokens behaves like one with max_tokens = k holding a larger reservation
 "Reachable."). Aborting a waiting request only undoes its add, so only running and
 prefilling requests are aborted.
 
-The state space grows roughly with L**(2*S); above `STATE_BUDGET` states it falls back to
-random walks, which prove only what they saw.
+The state space grows roughly with L**(2*S); above `STATE_BUDGET` states `walk.reachable`
+hands the config to the closed form (`oracle.ragged_closed_form`) instead.
 """
 
 from __future__ import annotations
@@ -221,12 +221,12 @@ def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
     return chunked_key(lad, a, b) if kind == "chunked" else attend_key(lad, a, b)
 
 
-def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, sampled: bool = True) -> Reachable:
-    """The buckets some valid state of the ragged `config` dispatches to, each with a witness;
-    `walk.reachable` with the same arguments."""
+def walked(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
+    """The buckets the walk of the ragged `config` reaches within `budget` states, each with a
+    witness; method "exhaustive" when it finished (`walk.walked` with the same arguments)."""
     sp, lad = space(config), ladders(config)
-    walked, method = explored(lambda: walk(sp, budget), lambda: sample(sp, 200, seed), budget, sampled)
-    return witnessed(walked, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(sp, p))
+    w, method = explored(lambda: walk(sp, budget), budget)
+    return witnessed(w, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(sp, p))
 
 
 def buckets(config: RuntimeConfig, budget: int = STATE_BUDGET) -> tuple[frozenset[Bucket], bool]:

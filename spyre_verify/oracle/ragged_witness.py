@@ -2,7 +2,7 @@
 chunked prompt (the one part of the pool the closed form must optimise), and the replay on
 `RaggedModel` that proves a witness.
 
-A witness is a tuple of `ragged_walk.RaggedAction` in arrival order, as `ragged_walk.reachable`
+A witness is a tuple of `ragged_walk.RaggedAction` in arrival order, as `ragged_walk.walked`
 returns them: ``join(p, mt)`` adds a request and takes the step that admits it, ``step`` takes a
 step adding nothing; its last step dispatches the bucket. `replay` runs it on the harness's own
 tensor-free model, so the pool, the slots, the budget and the admission order are the model's

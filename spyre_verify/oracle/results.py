@@ -58,7 +58,7 @@ class Walked:
 @dataclass(frozen=True)
 class Reachable:
     buckets: frozenset[Bucket]
-    method: str  # "exhaustive" or "sampled"
+    method: str  # "exhaustive" (the walk), CLOSED_FORM, or "partial (N states)" (a walk cut at its budget)
     states: int
     witnesses: dict[Bucket, tuple[Action, ...]]  # actions from an empty engine; the last one dispatches it
 
@@ -66,15 +66,16 @@ class Reachable:
     def exhaustive(self) -> bool:
         return self.method == "exhaustive"
 
+    @property
+    def exact(self) -> bool:
+        """Whether `buckets` is the whole reachable set: walked whole, or the closed form."""
+        return self.method in ("exhaustive", CLOSED_FORM)
 
-def explored(
-    walk: Callable[[], Walked], sample: Callable[[], Walked], budget: int, sampled: bool
-) -> tuple[Walked, str]:
-    """The walk within its budget, else the random walks (`sampled`) or the part walked; with its method."""
+
+def explored(walk: Callable[[], Walked], budget: int) -> tuple[Walked, str]:
+    """The walk within its budget, with its method: "exhaustive", or the part walked."""
     walked = walk()
-    if walked.complete:
-        return walked, "exhaustive"
-    return (sample(), "sampled") if sampled else (walked, f"partial ({budget} states)")
+    return walked, "exhaustive" if walked.complete else f"partial ({budget} states)"
 
 
 def witnessed(

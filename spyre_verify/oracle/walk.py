@@ -15,8 +15,11 @@ with max_tokens = k and a larger reservation, so they reach nothing new (DESIGN
 "Reachable."). Aborting a waiting request only undoes its add, so only running
 requests are aborted here.
 
-The state space grows roughly with L**(2*S), so it is meant for small configs; above
-`STATE_BUDGET` states it falls back to random walks, which prove only what they saw.
+The state space grows roughly with L**(2*S), so it is meant for small configs. Above
+`STATE_BUDGET` states (or a max_model_len above `WALK_MAX_LEN`) `reachable` hands the config
+to the closed form (`oracle.closed_form`, `oracle.ragged_closed_form`), which is exact at any
+size and which this walk referees wherever it finishes. The random walks (`sample`) survive
+only to try to refute the closed form (`refutations`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle import ragged_walk
+from spyre_verify.oracle import closed_form, ragged_closed_form, ragged_walk
 from spyre_verify.oracle.derive import (
     Ladders,
     batch_tkv_limit,
@@ -51,7 +54,24 @@ from spyre_verify.oracle.results import (
     witnessed,
 )
 
-__all__ = ["STATE_BUDGET", "Action", "Reachable", "Shape", "Walked", "reachable", "space", "to_bucket", "walk"]
+__all__ = [
+    "STATE_BUDGET",
+    "Action",
+    "Reachable",
+    "Shape",
+    "Walked",
+    "closed",
+    "reachable",
+    "refutations",
+    "space",
+    "to_bucket",
+    "walk",
+    "walked",
+]
+
+# Above this max_model_len no walk finishes within its budget (at 32, S 4 it already stops at
+# 400,000 states): `reachable` goes straight to the closed form instead of spending seconds.
+WALK_MAX_LEN = 64
 
 # (left padding, tokens still to generate). Left padding is kept rounded down to whole
 # blocks: only lp // bs ever matters (strip, shift and reservations), so rows that
@@ -240,17 +260,43 @@ def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
     return prefill_key(lad, a) if kind == "prefill" else decode_key(lad, a, b)
 
 
-def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET, seed: int = 0, sampled: bool = True) -> Reachable:
-    """The buckets some valid batch state of `config` dispatches to, each with a witness.
-
-    Above `budget` states: random walks (`sampled=True`, seconds on a large config), or
-    just the breadth-first part walked within the budget (`sampled=False`, for hunts that
-    see thousands of configs).
-
-    A ragged config is walked by `oracle.ragged_walk`, with the same arguments and results.
-    """
+def walked(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
+    """The walk alone, within `budget` states: "exhaustive" when it finished, else the part
+    walked ("partial"). A ragged config is walked by `oracle.ragged_walk`."""
     if is_ragged(config):
-        return ragged_walk.reachable(config, budget, seed, sampled)
+        return ragged_walk.walked(config, budget)
     sp, lad = space(config), ladders(config)
-    walked, method = explored(lambda: walk(sp, budget), lambda: sample(sp, 200, seed), budget, sampled)
-    return witnessed(walked, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(config.block_size, p))
+    w, method = explored(lambda: walk(sp, budget), budget)
+    return witnessed(w, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(config.block_size, p))
+
+
+def closed(config: RuntimeConfig) -> Reachable:
+    """The closed form of either layout: exact at any size, each bucket with a replayed witness."""
+    return ragged_closed_form.reachable(config) if is_ragged(config) else closed_form.reachable(config)
+
+
+def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
+    """The buckets some valid batch state of `config` dispatches to, each with a witness: the
+    exhaustive walk where it finishes within `budget` states, else the closed form. Either way
+    the set is exact (`Reachable.exact`)."""
+    if config.max_model_len <= WALK_MAX_LEN:
+        w = walked(config, budget)
+        if w.exhaustive:
+            return w
+    return closed(config)
+
+
+def refutations(config: RuntimeConfig, runs: int = 20, seed: int = 0) -> dict[Bucket, tuple[Action, ...]]:
+    """Random walks that try to refute the closed form: each bucket they reach that it lacks,
+    with the path that reached it (empty when the two agree)."""
+    found = closed(config).buckets
+    if is_ragged(config):
+        rsp, lad = ragged_walk.space(config), ladders(config)
+        w = ragged_walk.sample(rsp, runs, seed)
+        bucket_of, arrange = (lambda s: ragged_walk.to_bucket(lad, s)), (lambda p: ragged_walk.in_arrival_order(rsp, p))
+    else:
+        sp, lad = space(config), ladders(config)
+        w = sample(sp, runs, seed)
+        bucket_of, arrange = (lambda s: to_bucket(lad, s)), (lambda p: in_arrival_order(config.block_size, p))
+    r = witnessed(w, "sampled", bucket_of, arrange)
+    return {b: r.witnesses[b] for b in sorted(r.buckets - found)}

@@ -1,5 +1,5 @@
 """Warmup exactness: the warm set equals the reachable set. Missing buckets (stalls) and
-extra buckets (waste) are named; above the state budget only missing ones are violations."""
+extra buckets (waste) are named, by the walk within its state budget and by the closed form above it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from runtime.warmup import Seams, warm_plan
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.faults import CATALOG, dropped_bucket
-from spyre_verify.oracle.derive import key_space
 
 # The main job's default config: 16 reachable buckets out of 31 candidates.
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
@@ -61,29 +60,26 @@ def test_unpruned_warmup_names_every_extra_bucket() -> None:
     assert checker.stats["precision"] == 16 / (16 + len(pruned)) and checker.stats["recall"] == 1.0
 
 
-def test_over_budget_falls_back_to_sampling_and_flags_only_what_no_key_formula_gives() -> None:
+def test_over_budget_the_closed_form_judges_and_flags_both_ways() -> None:
     config, seams = CATALOG["unpruned-warmup"].apply(CHECK)
     unpruned = finished(planned(config, seams), budget=10)
-    assert unpruned.stats["method"] == "sampled"
-    # Every bucket the default config prunes has a key no batch shape produces (flags never
-    # dispatched together, or a gather below the smallest batch): extra whatever the walk saw.
-    impossible = {str(b) for b in set(warm_plan(SpyreAttnBucketer(config), seams)) - key_space(config)}
-    assert impossible == {str(p.bucket) for p in SpyreAttnBucketer(config).pruned()} and len(impossible) == 15
-    assert [v.kind for v in unpruned.violations] == ["extra-bucket"] * 15
-    assert {v.bucket for v in unpruned.violations} == impossible
-    assert all("no batch shape has this key" in v.message for v in unpruned.violations)
-    # A tight pool prunes buckets whose keys exist: sampled, those are unconfirmed, not violations.
+    assert unpruned.stats["method"] == "exact (closed form)" and unpruned.stats["states"] == 0
+    pruned = {str(p.bucket) for p in SpyreAttnBucketer(config).pruned()}
+    assert [v.kind for v in unpruned.violations] == ["extra-bucket"] * len(pruned)
+    assert {v.bucket for v in unpruned.violations} == pruned
+    assert all("no batch state can dispatch to it (exact (closed form))" in v.message for v in unpruned.violations)
+    # A tight pool prunes buckets whose keys exist: the closed form knows them unreachable, so
+    # compiling them is flagged too (a sampled walk could only call them unconfirmed).
     tight = CHECK.with_(num_blocks=6)
-    plan = planned(tight, CATALOG["unpruned-warmup"].apply(tight)[1])
-    pooled = finished(
-        SimpleNamespace(config=tight, compiles=[e for e in plan.compiles if e.bucket in key_space(tight)]), 10
-    )
-    assert pooled.stats["method"] == "sampled" and pooled.ok, pooled.violations
-    assert "batched(4, 4, False, True)" in pooled.stats["extra"]  # unreachable here: reported, not flagged
+    pooled = finished(planned(tight, CATALOG["unpruned-warmup"].apply(tight)[1]), 10)
+    assert pooled.stats["method"] == "exact (closed form)"
+    assert "batched(4, 4, False, True)" in {v.bucket for v in pooled.violations}
+    quiet = finished(planned(tight, Seams()), 10)  # the control: the real warm set at that pool
+    assert quiet.ok and quiet.stats["method"] == "exact (closed form)", quiet.violations
     config, seams = CATALOG["over-pruned-warmup"].apply(CHECK)
     over = finished(planned(config, seams), budget=10)
-    assert over.stats["method"] == "sampled"
     assert [v.kind for v in over.violations] == ["missing-bucket"]
+    assert "reached from an empty engine by: join(" in over.violations[0].message
 
 
 def test_real_warmup_over_pruned_is_flagged() -> None:

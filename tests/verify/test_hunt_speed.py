@@ -97,7 +97,10 @@ def test_the_walked_set_without_witnesses_is_the_reachable_set() -> None:
     for _ in range(60):
         config = cases.walk_config(rng.randbytes(cases.CONFIG_TAPE))
         reach = properties.oracle_reachable(config)
-        assert properties.walked_buckets(config) == (reach.buckets, reach.exhaustive)
+        walked, finished = properties.walked_buckets(config)
+        assert finished == reach.exhaustive
+        # Within the budget they are one walk; beyond it the walk saw part of the closed form's set.
+        assert walked == reach.buckets if finished else walked <= reach.buckets
 
 
 def test_a_missing_bucket_still_comes_with_its_witness() -> None:
