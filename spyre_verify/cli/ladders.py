@@ -1,12 +1,15 @@
-"""`spyre-verify ladders`: the ladders, the warm set and every pruned bucket with its reason."""
+"""`spyre-verify ladders`: the ladders, the warm set and every pruned bucket with its reason, and
+whether the warm set is exactly the reachable set the harness derives (walk or closed form)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from runtime.bucketer import SpyreAttnBucketer
 from spyre_verify.cli.config import add_config_flags, config_from_args
+from spyre_verify.oracle.walk import reachable
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, resolve_name, settings_for
 
 
@@ -44,6 +47,28 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
     }
 
 
+def exactness(b: SpyreAttnBucketer) -> dict[str, object]:
+    """The bucketer's warm set against the harness's own reachable set (never the bucketer's)."""
+    t0 = time.perf_counter()
+    reach = reachable(b.config)
+    warm = b.warm_set()
+    return {
+        "method": reach.method,
+        "exact": warm == reach.buckets,
+        "reachable": len(reach.buckets),
+        "warm": len(warm),
+        "missing": [str(x) for x in sorted(reach.buckets - warm)],
+        "extra": [str(x) for x in sorted(warm - reach.buckets)],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def exactness_line(e: dict[str, object]) -> str:
+    if e["exact"]:
+        return f"warm set == reachable set: {e['warm']} buckets ({e['method']}, {e['seconds']} s)"
+    return f"warm set != reachable set ({e['method']}): missing {e['missing'] or 'none'}, extra {e['extra'] or 'none'}"
+
+
 def foreign(target: str, config: object, as_json: bool) -> int:
     """Another runtime's ladders and warm plan, as its protocol reports them (it prunes by its own rules)."""
     rt = open_runtime(target, settings_for(config))
@@ -75,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
         return foreign(target, config_from_args(args), args.json)
     b = SpyreAttnBucketer(config_from_args(args))
     payload = ladders_payload(b)
+    payload["exactness"] = exact = exactness(b)
+    verdict = 0 if exact["exact"] else 1  # a warm set that stalls or wastes is a finding
     if args.json:
         print(json.dumps(payload))
-        return 0
+        return verdict
     c = b.config
     layout = (
         f"layout=ragged max_num_batched_tokens={c.token_budget} batched_decode_entries={c.decode_entries}"
@@ -103,4 +130,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'pruned':>15}: {len(pruned)}")
     for p in pruned:
         print(f"  {p.bucket}: [{p.rule}] {p.reason}")
-    return 0
+    print(f"{'exactness':>15}: {exactness_line(exact)}")
+    return verdict

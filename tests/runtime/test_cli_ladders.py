@@ -139,3 +139,28 @@ def test_console_script_rejection() -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()]
     assert "block_size=3" in proc.stderr and "power of two" in proc.stderr
+
+
+@pytest.mark.parametrize("layout", ["padded", "ragged"])
+def test_production_sizes_are_judged_exact_by_the_closed_form(capsys: pytest.CaptureFixture[str], layout: str) -> None:
+    argv = ["ladders", "--layout", layout, "--block-size", "64", "--max-model-len", "32768", "--max-num-seqs", "64"]
+    payload = run_json(capsys, [*argv, *(["--max-num-batched-tokens", "2048"] if layout == "ragged" else []), "--json"])
+    exact = payload["exactness"]
+    assert isinstance(exact, dict) and exact["exact"] is True and exact["method"] == "exact (closed form)"
+    assert exact["reachable"] == exact["warm"] == sum(payload["counts"].values()) > 90  # type: ignore[union-attr]
+
+
+def test_a_warm_set_missing_a_reachable_bucket_exits_1_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.bucketer import SpyreAttnBucketer
+
+    real = SpyreAttnBucketer.warm_set
+    monkeypatch.setattr(
+        SpyreAttnBucketer, "warm_set", lambda self: frozenset(b for b in real(self) if str(b) != "decode(4,)")
+    )
+    assert main(ACCEPTANCE) == 1
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert (
+        out.strip() == "exactness: warm set != reachable set (exact (closed form)): missing ['decode(4,)'], extra none"
+    )
