@@ -21,6 +21,7 @@ from spyre_verify.workload import (
     Abort,
     Arrival,
     Item,
+    boundary_arrivals,
     seeded_workload,
     tokens_rule,
     with_endings,
@@ -173,3 +174,22 @@ def test_above_long_tokens_max_tokens_is_capped_but_one_request_fills_the_length
     assert math.ceil(len(next(a for a in work if a.max_tokens == long[0]).prompt) / 64) * 64 + long[0] == 2048
     assert sum(a.max_tokens == LONG_TOKENS for a in work) >= 5  # draws above the cap were capped
     assert "up to 256" in tokens_rule(config) and "fills max_model_len" in tokens_rule(config)
+
+
+def test_above_long_tokens_each_admission_edge_request_is_aborted_after_it_runs() -> None:
+    config = RuntimeConfig(block_size=64, max_model_len=2048, max_num_seqs=8)
+    edges = boundary_arrivals(config)
+    arrivals = [a for a in edges if isinstance(a, Arrival)]
+    aborts = [a for a in edges if isinstance(a, Abort)]
+    fits = [
+        i
+        for i, a in enumerate(arrivals)
+        if a.max_tokens >= 1 and math.ceil(len(a.prompt) / 64) * 64 + a.max_tokens == 2048
+    ]
+    assert [a.ref for a in aborts] == fits and len(fits) == 4  # 1, 63, 64, 65: L - 1 pads to L, leaving no room
+    assert [a.step for a in aborts] == [arrivals[i].step + 2 for i in fits]
+    assert [e.step for e in edges] == sorted(e.step for e in edges)
+    small = boundary_arrivals(RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4))
+    assert not any(isinstance(a, Abort) for a in small) and {a.step for a in small} == {0}
+    stats = serve(Sim(config), edges, on_rejected=lambda a, e: None)
+    assert stats.steps < 30 and stats.abort_missed == 0
