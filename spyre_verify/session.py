@@ -26,6 +26,7 @@ from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
+from spyre_verify.crowds import crowd_traffic_for_check
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import Runtime, layout_of
@@ -108,6 +109,7 @@ class RunResult:
     runtime: str = "bundled"  # the name of the runtime verified
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     most_chunks: int = 0  # ragged: the most chunks one prompt was prefilled in (0: padded, or no prompt split)
+    crowds: dict[str, Any] = field(default_factory=dict)  # without the contract: the crowd traffic (`crowds.py`)
 
     def checker(self, name: str) -> Any:
         return next(c for c in self.checkers if c.name == name)
@@ -286,7 +288,7 @@ def verify(
     try:
         result.runtime = engine.name
         contract = "design_contract" in engine.capabilities
-        coverage = coverage and contract
+        crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
         for c in checkers:
@@ -320,6 +322,9 @@ def verify(
                         result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
                     result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
+                elif crowds:  # no walk to follow: every width at every length rung, then a bounded hunt
+                    stage = "crowd traffic"
+                    result.crowds = crowd_traffic_for_check(engine, config, checkers, progress)
         except InvariantViolation as e:
             result.error = f"{stage} stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding, not a traceback
