@@ -26,7 +26,7 @@ def pass_summary(r: RunResult) -> dict[str, Any]:
         "env_overrides": r.config.env_overrides(),
         "warmup_graphs": r.warmup_graphs,
         "steps": r.steps,
-        "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered")},
+        "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered", "unserved")},
         "violations": [v.to_dict() for v in r.violations],
         "not_observed": r.not_observed,
         "error": r.error,
@@ -148,9 +148,12 @@ def markdown(p: dict[str, Any]) -> str:
     elif p["per_sequence_pass"]:
         q = p["per_sequence_pass"]
         first = f"; first violation: {q['violations'][0]['message']}" if q["violations"] else ""
+        qc = q["coverage"]
+        of = f" of {qc['reachable']} reachable" if qc.get("reachable") is not None else ""
+        never = f"; warm buckets never served: {', '.join(qc['unserved'])}" if qc.get("unserved") else ""
         lines += [
             f"Per-sequence pass (batched decode off): {q['verdict'].upper()}, {q['steps']} steps, served "
-            f"{q['coverage']['served']} of {q['coverage']['reachable']} reachable buckets{first}",
+            f"{qc['served']}{of} buckets{never}{first}",
             "",
         ]
     if p["error"]:
