@@ -78,9 +78,21 @@ def test_the_same_runtime_without_the_skip_passes_having_served_every_warm_bucke
     assert a["conditions"]["every_warm_bucket_served"] and a["traffic"]["hunt"]["examples"] == 5
 
 
+def tiny(layout: str) -> RuntimeConfig:
+    return RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, layout=layout, backend="eager")
+
+
+def test_a_ragged_warmup_that_skips_the_widest_batch_is_reached_cold() -> None:
+    config = tiny("ragged")
+    r = verify(config, workload=seeded_workload(config, 6, endings=True), runtime=f"{RUNTIMES}:make_skipping")
+    cold = [v for v in r.violations if v.kind == "cold-dispatch"]
+    assert cold and cold[0].bucket is not None and cold[0].bucket.startswith("chunked(4, "), r.violations
+    assert r.error is not None and r.error.startswith("crowd traffic stopped")
+
+
 @pytest.mark.parametrize("layout", ["padded", "ragged"])
 def test_a_warm_bucket_no_traffic_reaches_fails_check_naming_it(layout: str) -> None:
-    config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, layout=layout, backend="eager")
+    config = tiny(layout)
     work = seeded_workload(config, 6, endings=True)
     r = verify(config, workload=work, controls=False, runtime=f"{RUNTIMES}:make_extra")
     extra = str(EXTRA[layout])
