@@ -270,7 +270,8 @@ def verify(
     A crash of the runtime at any stage is a `runtime-crash` violation naming the stage
     and the batch; the run still finishes its checks and returns a result. `runtime` is the
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
-    coverage traffic needs `design_contract`. For another runtime, `fault` is one of its own.
+    coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
+    `crowds.py`). For another runtime, `fault` is one of its own.
     """
     checkers = checkers if checkers is not None else all_checkers()
     crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
