@@ -26,6 +26,7 @@ from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
+from spyre_verify.crowds import crowd_traffic_for_check
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import Runtime, layout_of
@@ -108,6 +109,7 @@ class RunResult:
     runtime: str = "bundled"  # the name of the runtime verified
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     most_chunks: int = 0  # ragged: the most chunks one prompt was prefilled in (0: padded, or no prompt split)
+    crowds: dict[str, Any] = field(default_factory=dict)  # without the contract: the crowd traffic (`crowds.py`)
     # Wall seconds by phase (warmup, traffic, coverage, reference, checks, controls): where a slow run's time went.
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -278,7 +280,8 @@ def verify(
     A crash of the runtime at any stage is a `runtime-crash` violation naming the stage
     and the batch; the run still finishes its checks and returns a result. `runtime` is the
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
-    coverage traffic needs `design_contract`. For another runtime, `fault` is one of its own.
+    coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
+    `crowds.py`). For another runtime, `fault` is one of its own.
     """
     checkers = checkers if checkers is not None else all_checkers()
     crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
@@ -296,7 +299,7 @@ def verify(
     try:
         result.runtime = engine.name
         contract = "design_contract" in engine.capabilities
-        coverage = coverage and contract
+        crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
         for c in checkers:
@@ -334,6 +337,10 @@ def verify(
                     stage = "coverage traffic"
                     with result.timing("coverage"):
                         result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
+                elif crowds:  # no walk to follow: every width at every length rung, then a bounded hunt
+                    stage = "crowd traffic"
+                    with result.timing("coverage"):
+                        result.crowds = crowd_traffic_for_check(engine, config, checkers, progress)
         except InvariantViolation as e:
             result.error = f"{stage} stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding, not a traceback

@@ -97,6 +97,8 @@ def payload(result: AuditResult) -> dict[str, Any]:
         "reachable_method": result.reachable_method,
         "conditions": conditions(result, table_rows),
         "failures": failures(result, table_rows),
+        # Warm buckets no traffic call was served by: each fails the audit (status unserved or never-hit).
+        "unserved": [str(r.bucket) for r in table_rows if r.warmed and not r.stats.own_hits],
         "buckets": [bucket_row(r) for r in table_rows],
         "pruned": [
             {
@@ -126,6 +128,7 @@ def payload(result: AuditResult) -> dict[str, Any]:
             "misses": t.misses,
             "crash": t.crash,
             "not_run": t.not_run,
+            "hunt": t.hunt or None,
         },
         "replays": result.replays,
         "totals": _totals(table_rows, result),
@@ -202,12 +205,15 @@ def markdown(p: dict[str, Any]) -> str:
         body = [[x["name"], x["bucket"], str(x["backend"]), str(x["stance"])] for x in p["controls"]]
         lines += ["## Control calls", "", table(body, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
     t = p["traffic"]
-    unit = "scenarios" if rt["design_contract"] else "sweep groups"
+    unit = "scenarios" if rt["design_contract"] else "crowd waves"
+    hunt = f", then a protocol hunt of {t['hunt']['examples']} traces" if t.get("hunt") else ""
     lines += [
-        f"Traffic: {t['scenarios_run']}/{t['scenarios_planned']} {unit}, {t['steps']} engine steps. "
+        f"Traffic: {t['scenarios_run']}/{t['scenarios_planned']} {unit}{hunt}, {t['steps']} engine steps. "
         f"Stage seconds: {', '.join(f'{k} {v}' for k, v in p['seconds'].items())}.",
         "",
     ]
+    if p["unserved"]:
+        lines += [f"Warm buckets never served by the traffic: {', '.join(p['unserved'])}.", ""]
     if p["heatmaps"]:
         lines += ["Heatmaps: " + ", ".join(p["heatmaps"]), ""]
     return "\n".join(lines)

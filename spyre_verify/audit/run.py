@@ -15,9 +15,10 @@ went wrong.
 
 The runtime is built through the protocol (`--runtime`). The walk, its coverage traffic
 and the heatmaps are DESIGN's, so they need `design_contract`; on another runtime they are
-reported as not run, the traffic is a sweep of the boundary lengths and crowds its own
-ladders report (`hunt.protocol_trace`), and each bucket of its `warm_plan()` is judged on
-its own: compiled once in warmup, reused wherever served, never compiled again.
+reported as not run, the traffic is crowd traffic (`spyre_verify.crowds`: every batch width
+at every length rung of its own ladders and the config's, then a bounded protocol hunt), and
+each bucket of its `warm_plan()` is judged on its own: compiled once in warmup, reused
+wherever served, never compiled again, and served by the traffic.
 """
 
 from __future__ import annotations
@@ -39,33 +40,34 @@ from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import traceback_text
 from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
-from spyre_verify.hunt.protocol_trace import Group, Refusals, items_of, shape_of, sweep
+from spyre_verify.crowds import CrowdRun, crowd_traffic
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders
 from spyre_verify.oracle.walk import reachable as walk_reachable
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import DRAINED, serve
 from spyre_verify.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
 
 CONTRACT = "design_contract"
 # What needs DESIGN's contract, and is reported as not run on a runtime without it.
 NOT_RUN = {
     "reachable_set": "the oracle's walk needs design_contract; buckets are judged against warm_plan() instead",
-    "coverage_traffic": "the walk's witnesses need design_contract; the traffic sweeps the runtime's own ladders",
+    "coverage_traffic": "the walk's witnesses need design_contract; the traffic is crowds at every width and "
+    "length rung, then a bounded protocol hunt",
     "heatmaps": "drawn on the bundled runtime's decode keys: they need design_contract",
 }
 
 
 @dataclass
 class Traffic:
-    scenarios: int = 0  # scenarios (sweep groups, without the contract) that ran to completion
+    scenarios: int = 0  # scenarios (crowd waves, without the contract) that ran to completion
     steps: int = 0
     seconds: float = 0.0
     misses: list[str] = field(default_factory=list)  # witnesses the engine did not follow; groups left busy
     crash: str | None = None  # the scenario that raised; the engine is not trusted after it
     tracebacks: list[str] = field(default_factory=list)  # the runtime's, whole, for the crash file
     not_run: int = 0
-    planned: int = 0  # scenarios (or sweep groups) planned
+    planned: int = 0  # scenarios (or crowd waves) planned
+    hunt: dict[str, int] = field(default_factory=dict)  # without the contract: the bounded hunt's examples and steps
 
 
 @dataclass
@@ -135,25 +137,18 @@ def _traffic(engine: Any, scenarios: tuple[Scenario, ...], progress: Progress) -
     return out
 
 
-def _sweep(engine: Any, plan: list[Group], progress: Progress) -> Traffic:
-    """Without the contract: each group of the runtime's own boundary sweep, served until it drains."""
-    out, t0, start = Traffic(planned=len(plan)), time.perf_counter(), engine.steps
-    shape, guard = shape_of(engine), Refusals(engine)
-    for i, g in enumerate(plan):
-        items = items_of(shape, [g])
-        try:
-            stats = serve(guard, items, on_rejected=lambda a, e: None, max_steps=g.crowd * (g.max_tokens + 1) + 4)
-        except Exception as e:  # mid-step: the engine's state is no longer trusted
-            out.crash = f"the sweep group {g}: {_first_line(e)}"
-            out.tracebacks.append(traceback_text(f"the sweep group {g}", e))
-            out.not_run = len(plan) - i - 1
-            progress(f"traffic: sweep group {g} crashed; {out.not_run} groups not run")
-            break
-        out.scenarios += 1
-        if stats.stopped != DRAINED:
-            out.misses.append(f"the sweep group {g}: the runtime did not drain ({stats.stopped})")
-            break  # requests are left in it: later groups would not start from an idle runtime
-    out.misses += [f"{kind}: {message}" for kind, message in guard.problems]
+def _crowds(engine: Any, config: RuntimeConfig, progress: Progress) -> Traffic:
+    """Without the contract: crowd traffic (every width at every length rung, then a bounded hunt)."""
+    out, t0, start, run = Traffic(), time.perf_counter(), engine.steps, CrowdRun()
+    try:
+        crowd_traffic(engine, config, (), progress, run)
+    except Exception as e:  # mid-step: the engine's state is no longer trusted
+        out.crash = f"the crowd traffic, after {run.waves} waves: {_first_line(e)}"
+        out.tracebacks.append(traceback_text("the crowd traffic", e))
+        out.not_run = max(0, run.planned - run.waves - 1)
+        progress(f"traffic: the crowd traffic crashed; {out.not_run} waves not run")
+    out.planned, out.scenarios, out.misses = run.planned, run.waves, [f"{k}: {m}" for k, m in run.problems]
+    out.hunt = {"examples": run.hunt_examples, "steps": run.hunt_steps}
     out.steps, out.seconds = engine.steps - start, time.perf_counter() - t0
     return out
 
@@ -231,7 +226,6 @@ def _run(
     engine, log = open_runtime(runtime, settings_for(config, graph.counter.wrap, own_fault, seams)), AuditLog()
     contract = CONTRACT in engine.capabilities
     scenarios: tuple[Scenario, ...] = ()
-    sweep_plan: list[Group] = []
     if contract:
         found = walk_reachable(config)
         reachable, method = found.buckets, found.method
@@ -239,8 +233,7 @@ def _run(
         say(f"reachable ({method}): {len(reachable)} buckets; coverage traffic: {len(scenarios)} scenarios")
     else:
         reachable, method = frozenset(), "not run"
-        sweep_plan = sweep(shape_of(engine))
-        say(f"{engine.name}: no DESIGN contract; judging warm_plan(); traffic: {len(sweep_plan)} sweep groups")
+        say(f"{engine.name}: no DESIGN contract; judging warm_plan(); traffic: crowds, then a bounded hunt")
     planned = frozenset(engine.warm_plan())
     engine.subscribe(log)
     t0 = time.perf_counter()
@@ -250,7 +243,7 @@ def _run(
     except Exception as e:  # the runtime under test crashed: a failed audit, not an internal error
         seconds[WARMUP] = time.perf_counter() - t0
         say(f"warmup crashed: {_first_line(e)}")
-        traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios) or len(sweep_plan))
+        traffic = Traffic(crash=f"warmup: {_first_line(e)}", not_run=len(scenarios))
         traffic.tracebacks.append(traceback_text("warmup", e))
         controls: list[ControlResult] = []
         controls_error: str | None = "not run: warmup crashed"
@@ -261,8 +254,9 @@ def _run(
         _preflight(engine, ordered((reachable if contract else planned) | set(warmed)), log)
         seconds[PREFLIGHT] = time.perf_counter() - t0
         log.stage, before = TRAFFIC, counters(engine)
-        say(f"traffic: {len(scenarios)} scenarios" if contract else f"traffic: {len(sweep_plan)} sweep groups")
-        traffic = _traffic(engine, scenarios, say) if contract else _sweep(engine, sweep_plan, say)
+        if contract:
+            say(f"traffic: {len(scenarios)} scenarios")
+        traffic = _traffic(engine, scenarios, say) if contract else _crowds(engine, config, say)
         log.settle(before, counters(engine))
         seconds[TRAFFIC] = traffic.seconds
         log.stage, t0 = REPLAY, time.perf_counter()

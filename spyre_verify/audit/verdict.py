@@ -18,7 +18,7 @@ from spyre_verify.checks.describe import ordered
 
 # Heatmap categories: how a bucket's cell is coloured.
 HIT, NEVER_HIT, PRUNED, MISSED = "warmed-and-hit", "warmed-never-hit", "pruned", "missed"
-PASSING = ("hit", "extra", "unserved")  # unserved: warm, served its preflight, no traffic reached it
+PASSING = ("hit", "extra")  # extra: warmed, not reachable by the walk, and served all the same
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Row:
     bucket: Bucket
     reachable: bool
     stats: BucketStats
-    status: str  # hit, extra, unserved, missed, recompiled, foreign-graph, eager-fallback, never-hit,
+    status: str  # hit, extra, unserved (warm, no traffic reached it), missed, recompiled, foreign-graph, eager-fallback, never-hit,
     # unwarmed-dispatch; without the contract also unplanned-compile, graphs-per-bucket
     problem: str  # one sentence; empty when the status passes
     planned: bool = False  # in warm_plan(): the yardstick without the contract (never set with it)
@@ -74,7 +74,15 @@ def judge(bucket: Bucket, st: BucketStats, reachable: bool) -> tuple[str, str]:
         return reuse
     if reachable and not st.own_hits:
         return "never-hit", "reachable and warmed, but no traffic call was served by its graph"
+    if not st.own_hits and not st.dispatches:
+        return "unserved", unserved_problem(
+            bucket, "the walk does not reach it either: warmup compiled more than needed"
+        )
     return ("hit", "") if reachable else ("extra", "")
+
+
+def unserved_problem(bucket: Any, why: str) -> str:
+    return f"warm bucket {bucket} was never served: warmup compiled it but no traffic reached it ({why})"
 
 
 def judge_planned(bucket: Any, st: BucketStats, planned: bool) -> tuple[str, str]:
@@ -95,7 +103,9 @@ def judge_planned(bucket: Any, st: BucketStats, planned: bool) -> tuple[str, str
         return reuse
     if st.dispatches and not st.own_hits:
         return "never-hit", f"traffic dispatched here ({st.dispatches} steps), but no call was served by its graph"
-    return ("hit", "") if st.own_hits else ("unserved", "")
+    if not st.own_hits:
+        return "unserved", unserved_problem(bucket, "not every width at every length rung, nor the bounded hunt")
+    return "hit", ""
 
 
 def _reuse(st: BucketStats) -> tuple[str, str] | None:
@@ -158,6 +168,7 @@ def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
                 r.stats.calls == r.stats.hits and r.stats.preflight != "eager" for r in table
             ),
             "controls_detected": len(controls) >= 2 and all(c.detected for c in controls) and not result.controls_error,
+            "every_warm_bucket_served": all(r.stats.own_hits for r in table if r.warmed),
             "traffic_completed": result.traffic.crash is None,
             "something_served": any(r.stats.own_hits for r in table),
         }
@@ -168,6 +179,7 @@ def conditions(result: AuditResult, table: list[Row]) -> dict[str, bool]:
         "every_reachable_bucket_hit": all(r.stats.own_hits and not r.stats.foreign_hits for r in table if r.reachable),
         "calls_equal_graph_hits": all(r.stats.calls == r.stats.hits and r.stats.preflight != "eager" for r in table),
         "controls_detected": len(controls) >= 2 and all(c.detected for c in controls) and not result.controls_error,
+        "every_warm_bucket_served": all(r.stats.own_hits for r in table if r.warmed),
         "traffic_completed": result.traffic.crash is None,
         # A table with no reachable bucket would pass every condition above without testing anything.
         "something_served": any(r.reachable and r.stats.own_hits for r in table),

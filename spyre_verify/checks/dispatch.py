@@ -55,6 +55,9 @@ class DispatchCoverage(Checker):
     def __init__(self, strict: bool = False, require_coverage: bool = False) -> None:
         super().__init__(strict)
         self.require_coverage = require_coverage
+        # Set once the run's traffic meant to serve every warm bucket has run to its end (crowd
+        # traffic, on a runtime without the contract): a warm bucket it never served is a violation.
+        self.require_served = False
         self.coverage: dict[str, Any] = {}
         self.dispatches = 0  # served dispatches judged against warmup's set
         self.keys_compared = 0  # served dispatches whose bucket was compared with the oracle's key
@@ -129,11 +132,30 @@ class DispatchCoverage(Checker):
             batch=batch,
         )
 
+    def traffic_problem(self, kind: str, message: str) -> None:
+        """Something the run's crowd traffic or its bounded hunt found wrong (an ending, a refusal
+        that changed the pool, a runtime left busy); cold dispatches it reaches are flagged as ever."""
+        self.flag(kind, f"crowd traffic: {message}")
+
+    def unserved(self) -> list[Bucket]:
+        """Warm buckets (compiled before serving) that no serving dispatch reached."""
+        return ordered(getattr(self, "warm", set()) - getattr(self, "served", set()))
+
     def finish(self, engine: Any) -> None:
-        """Served (dispatched while serving) against the oracle's reachable set."""
+        """Served (dispatched while serving) against warmup's set, and against the oracle's reachable set."""
+        unserved = self.unserved()
+        warm = {"warm": len(getattr(self, "warm", ())), "unserved": [str(b) for b in unserved]}
         if "design_contract" not in getattr(engine, "capabilities", ()):
             # The reachable-set oracle is DESIGN's: another runtime's reachable set is its own.
-            self.coverage = {"served": len(self.served), "not_run": "reachable coverage needs design_contract"}
+            self.coverage = {"served": len(self.served), **warm, "not_run": "reachable coverage needs design_contract"}
+            for b in unserved if self.require_served else ():
+                self.flag(
+                    "unserved-warm",
+                    f"warm bucket {b} was never served: warmup compiled it but no traffic reached it (not the "
+                    "workload, every width at every length rung, nor the bounded protocol hunt)",
+                    kernel=b.kernel,
+                    bucket=str(b),
+                )
             return
         reach = reachable(engine.config)
         uncovered = sorted(reach.buckets - self.served)
@@ -144,6 +166,8 @@ class DispatchCoverage(Checker):
             "uncovered": [str(b) for b in uncovered],
             # Served but never reached by the walk: cold-dispatch and warmup-exactness judge these.
             "outside_reachable": [str(b) for b in ordered(self.served - reach.buckets)],
+            # Warm and never served: a reachable one is uncovered above, another one warmup-exactness's extra.
+            **warm,
         }
         if not self.require_coverage:
             return

@@ -156,6 +156,7 @@ def verdict_line(p: dict[str, Any]) -> str:
         f"served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets"
         if "not_run" not in cov
         else f"served {cov.get('served', 0)} buckets (no reachable set: {cov['not_run']})",
+        *([f"{len(cov['unserved'])} warm buckets never served"] if cov.get("unserved") else []),
         f"tokens match the reference: {'not run' if p['tokens_match_reference'] is None else 'yes' if p['tokens_match_reference'] else 'NO'}",
     ]
     if p["controls"] is not None:

@@ -27,7 +27,7 @@ def pass_summary(r: RunResult) -> dict[str, Any]:
         "env_overrides": r.config.env_overrides(),
         "warmup_graphs": r.warmup_graphs,
         "steps": r.steps,
-        "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered")},
+        "coverage": {k: coverage.get(k) for k in ("served", "reachable", "uncovered", "unserved")},
         "violations": [v.to_dict() for v in r.violations],
         "not_observed": r.not_observed,
         "error": r.error,
@@ -59,7 +59,12 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
             "most_chunks": result.most_chunks,
         },
         "dispatch": result.dispatch,
-        "coverage": {**coverage, "scenarios": result.scenarios, "misses": result.coverage_problems},
+        "coverage": {
+            **coverage,
+            "scenarios": result.scenarios,
+            "misses": result.coverage_problems,
+            "crowds": result.crowds or None,
+        },
         "compiles_after_warmup": graph.get("compiles_after_warmup"),
         "tokens_match_reference": output.tokens_match if output.not_run is None else None,
         "checks": [summary_of(c) for c in result.checkers],
@@ -78,11 +83,20 @@ def reasons(by: dict[str, int]) -> str:
 
 
 def coverage_line(cov: dict[str, Any]) -> str:
+    unserved = cov.get("unserved") or []
+    never = f" Warm buckets never served: {', '.join(unserved)}." if unserved else ""
     if "not_run" in cov:  # a runtime without DESIGN's contract has no reachable set of ours to cover
-        return f"Coverage: served {cov.get('served', 0)} buckets; {cov['not_run']}."
+        crowds = cov.get("crowds") or {}
+        after = (
+            f" Crowd traffic after the workload: {crowds['waves']} of {crowds['waves_planned']} waves, "
+            f"{crowds['steps']} steps; protocol hunt: {crowds['hunt_examples']} traces, {crowds['hunt_steps']} steps."
+            if crowds
+            else ""
+        )
+        return f"Coverage: served {cov.get('served', 0)} buckets ({cov.get('warm', 0)} warm); {cov['not_run']}.{after}{never}"
     return (
         f"Coverage: served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets "
-        f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload)."
+        f"({cov.get('method', 'no')} walk; {cov['scenarios']} coverage scenarios after the workload).{never}"
     )
 
 
@@ -137,9 +151,12 @@ def markdown(p: dict[str, Any]) -> str:
     elif p["per_sequence_pass"]:
         q = p["per_sequence_pass"]
         first = f"; first violation: {q['violations'][0]['message']}" if q["violations"] else ""
+        qc = q["coverage"]
+        of = f" of {qc['reachable']} reachable" if qc.get("reachable") is not None else ""
+        never = f"; warm buckets never served: {', '.join(qc['unserved'])}" if qc.get("unserved") else ""
         lines += [
             f"Per-sequence pass (batched decode off): {q['verdict'].upper()}, {q['steps']} steps, served "
-            f"{q['coverage']['served']} of {q['coverage']['reachable']} reachable buckets{first}",
+            f"{qc['served']}{of} buckets{never}{first}",
             "",
         ]
     if p["error"]:

@@ -184,6 +184,7 @@ def payload(r: SoakResult) -> dict[str, Any]:
             "first": [v.to_dict() for v in r.violations[:FIRST_VIOLATIONS]],
         },
         "live_padding": live_padding(r.violations),
+        "buckets": served_buckets(r),
         "steps": r.steps,
         "seconds": {
             "warmup": round(r.warmup_seconds, 3),
@@ -212,6 +213,19 @@ def live_padding(violations: list[Violation]) -> dict[str, object] | None:
     if found:
         return {"block": None, "row_request": None, "owner": None, "message": found[0].message, "count": len(found)}
     return None
+
+
+def served_buckets(r: SoakResult) -> dict[str, Any]:
+    """Warm buckets and those the soak's traffic never served (counted and named, not judged: the
+    soak's random arrivals set out to stress the pool, not to reach every bucket)."""
+    from spyre_verify.checks.dispatch import DispatchCoverage  # with the run's modules: torch is loaded by now
+
+    d = next((c for c in r.checkers if isinstance(c, DispatchCoverage) and c.not_run is None), None)
+    if d is None:
+        return {}
+    warm: set[Any] = getattr(d, "warm", set())
+    unserved = d.unserved()
+    return {"warm": len(warm), "served": len(warm) - len(unserved), "unserved": [str(b) for b in unserved]}
 
 
 def violation_counts(violations: list[Violation]) -> dict[str, int]:
@@ -256,6 +270,8 @@ def markdown(p: dict[str, Any]) -> str:
         ["leaked blocks (free at end / usable)", f"{b['leaked']} ({b['free_at_end']} / {b['usable']})"],
         ["reference sample: equal / compared", f"{ref['sample_size'] - len(ref['mismatched'])} / {ref['sample_size']}"],
         ["KV-integrity checks (every K steps)", f"{p['kv_integrity']['checks']} (K={p['kv_integrity']['every']})"],
+        ["warm buckets served / warm", f"{p['buckets'].get('served', '-')} / {p['buckets'].get('warm', '-')}"],
+        ["warm buckets never served", ", ".join(p["buckets"].get("unserved", [])) or "none"],
         ["steps", str(p["steps"])],
         ["seconds: warmup / serve / reference", " / ".join(str(v) for v in p["seconds"].values())],
     ]

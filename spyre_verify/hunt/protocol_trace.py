@@ -4,8 +4,9 @@ Its `config` sizes and vocabulary and its `ladders()` give the interesting lengt
 below and just above every rung boundary; a ladder counted in blocks is scaled by the block
 size) and crowds (as many concurrent requests as each batch rung, one fewer and one more).
 A trace is a few groups of five small integers, so Hypothesis shrinks it to a readable line
-or two; the hunt's protocol property (`protocol_property`) and the audit's sweep of a
-runtime without the DESIGN contract both serve what is drawn here. Never the bundled
+or two; the hunt's protocol property (`protocol_property`) and the bounded hunt that `check`
+and `audit` run on a runtime without the DESIGN contract (`bounded`) both serve what is drawn
+here; crowd traffic (`spyre_verify.crowds`) reads ladders as they are read here. Never the bundled
 runtime's ladder functions: a trace must mean the same on any runtime.
 """
 
@@ -112,14 +113,6 @@ def groups(shape: Shape, draws: Sequence[Draw]) -> list[Group]:
         options = sorted({1, min(2, room), *(t - p for t in shape.lengths if p < t <= shape.max_model_len)})
         out.append(Group(step, shape.crowds[crowd], p, options[tokens % len(options)], *ENDINGS[ending]))
     return out
-
-
-def sweep(shape: Shape) -> list[Group]:
-    """Every crowd at every prompt length, run to max_model_len: each prefill rung and, as the
-    sequences grow, each (batch, length) rung the runtime reports is dispatched (the audit's
-    traffic for a runtime without DESIGN's witnesses)."""
-    prompts = sorted({min(n, shape.max_model_len - 1) for n in shape.lengths})
-    return [Group(0, c, p, shape.max_model_len - p) for c in shape.crowds for p in prompts]
 
 
 def items_of(shape: Shape, gs: Sequence[Group]) -> list[Item]:

@@ -38,7 +38,7 @@ def test_the_foreign_runtime_passes_with_every_planned_bucket_hit(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # A pool that holds a full batch of the longest requests (4 x 4 blocks + the null block): the
-    # embedded default's 8 blocks make the sweep queue, so a crowd of short ones never shares a step.
+    # embedded default's 8 blocks make long crowds queue.
     rc, p, err = audit(capsys, tmp_path, "--num-blocks", "17")
     assert (rc, p["verdict"], p["failures"]) == (0, "pass", []) and all(p["conditions"].values())
     assert p["runtime"]["name"] == "foreign" and p["runtime"]["design_contract"] is False
@@ -89,7 +89,7 @@ WARM = {"compile_seconds": 0.1, "warmup_graphs": 1, "preflight": "graph"}
     ("st", "planned", "status"),
     [
         (stats(**WARM, dispatches=2, calls=4, hits=4, own_hits=4), True, "hit"),
-        (stats(**WARM), True, "unserved"),  # warm and preflighted; the sweep never dispatched it
+        (stats(**WARM), True, "unserved"),  # warm and preflighted, but no traffic dispatched it: it fails
         (stats(), True, "missed"),
         (stats(dispatches=3, calls=3, late_compiles=[("traffic", 0.1)]), False, "unwarmed-dispatch"),
         (stats(**WARM), False, "unplanned-compile"),

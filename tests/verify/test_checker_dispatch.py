@@ -146,6 +146,8 @@ def test_seeded_workload_plus_coverage_traffic_serves_every_reachable_bucket() -
         "method": "exhaustive",
         "uncovered": [],
         "outside_reachable": [],
+        "warm": 16,
+        "unserved": [],  # every warm bucket served
     }
 
 
