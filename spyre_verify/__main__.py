@@ -4,4 +4,6 @@ import sys
 
 from spyre_verify.cli.main import main
 
-sys.exit(main())
+# Guarded: the fault catalog's worker processes (spawned) import this module as __mp_main__.
+if __name__ == "__main__":
+    sys.exit(main())

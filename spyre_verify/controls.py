@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +18,11 @@ from spyre_verify.workload import Item
 
 if TYPE_CHECKING:  # a run loads torch; naming the catalog (the CLI's help) must not
     from spyre_verify.session import Progress, RunResult
+
+
+# Above this many reachable buckets (each a warmup compile of every fault run) the kill table
+# runs its faults in parallel processes.
+PARALLEL_ABOVE = 32
 
 
 @dataclass(frozen=True)
@@ -50,14 +58,20 @@ def run_fault(
     workload: Sequence[Item] | None = None,
     progress: Progress | None = None,
     runtime: str = BUNDLED_FACTORY,
+    stop_at: str | None = None,
 ) -> RunResult:
+    """One run under fault `name`, in a fresh compile state. With `stop_at` (a checker's name) the
+    run stops at that checker's first violation: the kill table needs only to know it was caught."""
     import torch
 
-    from spyre_verify.session import verify
+    from spyre_verify.session import all_checkers, verify
 
     torch._dynamo.reset()
+    checkers = all_checkers()
+    for c in checkers:
+        c.strict = c.name == stop_at
     if runtime != BUNDLED_FACTORY:  # another runtime seeds its own faults from Settings.fault
-        return verify(config, workload=workload, fault=name, progress=progress, runtime=runtime)
+        return verify(config, workload=workload, checkers=checkers, fault=name, progress=progress, runtime=runtime)
     fault = faults.get(name)
     cfg, seams = fault.apply(config)
     dynamo_log = logging.getLogger("torch._dynamo")
@@ -65,9 +79,32 @@ def run_fault(
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design
     try:  # verify closes its engine, which puts back Dynamo's limits: a fault's low one does not outlive it
         with fault.active():  # a fault patched into the runtime's code holds for the whole run
-            return verify(cfg, seams, workload, fault=name, progress=progress)
+            return verify(cfg, seams, workload, checkers, fault=name, progress=progress)
     finally:
         dynamo_log.setLevel(level)
+
+
+def fault_row(
+    config: RuntimeConfig, name: str, workload: Sequence[Item] | None, runtime: str, expected: str
+) -> KillRow:
+    """One row of the kill table: the fault's run, stopped at its expected checker's first violation.
+    A plain function of picklable arguments, so a worker process can run it."""
+    from spyre_verify.defaults import single_thread
+
+    single_thread()
+    return kill_row(name, run_fault(config, name, workload, runtime=runtime, stop_at=expected), expected)
+
+
+def catalog_workers(config: RuntimeConfig, faults_to_run: int) -> int:
+    """Worker processes for the kill table: one, unless there are several faults and a warmup of
+    more than PARALLEL_ABOVE graphs each, where every core takes one (a spawned worker costs a
+    torch import, seconds, which a large config's minute-long fault runs repay)."""
+    from spyre_verify.oracle.walk import reachable
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if faults_to_run < 2 or cores < 2 or len(reachable(config).buckets) <= PARALLEL_ABOVE:
+        return 1
+    return min(cores, faults_to_run)
 
 
 def kill_row(name: str, result: RunResult, expected: str | None = None) -> KillRow:
@@ -86,15 +123,35 @@ def kill_table(
     rows: list[KillRow] | None = None,
     runtime: str = BUNDLED_FACTORY,
     catalog: dict[str, str] | None = None,
+    workers: int | None = None,
 ) -> list[KillRow]:
-    """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps them).
-    `catalog` (fault -> checker) is another runtime's own; default: the bundled catalog."""
+    """One row per fault, appended to `rows` as each finishes (a caller interrupted mid-table keeps
+    them), in catalog order at the end. `catalog` (fault -> checker) is another runtime's own;
+    default: the bundled catalog. `workers`: processes to run faults in (default `catalog_workers`)."""
     rows = [] if rows is None else rows
     catalog = catalog if catalog is not None else faults.catalog_for(config)
-    for name in names or list(catalog):
-        if progress:
-            progress(f"control: {name}")
-        rows.append(kill_row(name, run_fault(config, name, workload, runtime=runtime), catalog[name]))
+    names = names or list(catalog)
+    workers = workers if workers is not None else catalog_workers(config, len(names))
+    work = tuple(workload) if workload is not None else None
+    if workers <= 1:
+        for name in names:
+            if progress:
+                progress(f"control: {name}")
+            rows.append(fault_row(config, name, work, runtime, catalog[name]))
+        return rows
+    if progress:
+        progress(f"controls: {len(names)} faults in {workers} worker processes")
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(fault_row, config, n, work, runtime, catalog[n]): n for n in names}
+        try:
+            for done in as_completed(pending):
+                rows.append(done.result())
+                if progress:
+                    progress(f"control: {pending[done]} {'caught' if rows[-1].caught else 'NOT caught'}")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    rows.sort(key=lambda r: names.index(r.fault))
     return rows
 
 

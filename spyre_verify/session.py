@@ -302,9 +302,13 @@ def verify(
         crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
-        for c in checkers:
-            if not c.skip(engine.capabilities, layout_of(engine)):
-                c.attach(engine)
+        try:
+            for c in checkers:
+                if not c.skip(engine.capabilities, layout_of(engine)):
+                    c.attach(engine)
+        except InvariantViolation as e:  # a strict checker (a control's, stopping early) flagged at attach
+            result.error = f"attach stopped: {e.violations[0]}"
+            return result
         checkers = [c for c in checkers if c.not_run is None]
         graph = graph if graph in checkers else None
         stage = "warmup"

@@ -4,6 +4,7 @@ the checker that must catch it. The kill table itself runs in test_controls_cli.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from runtime.warmup import Seams, warm_plan
 from spyre_verify import faults
 from spyre_verify.faults import CATALOG
 from spyre_verify.session import all_checkers
+from spyre_verify.workload import seeded_workload
 
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 REQUIRED = {
@@ -117,3 +119,18 @@ def test_builder_ladder_faults_patch_the_builders_rounding_only_while_active(nam
 def test_unknown_fault_is_a_value_error_listing_the_catalog() -> None:
     with pytest.raises(ValueError, match=r"unknown fault 'nope'.*mask-leak"):
         faults.get("nope")
+
+
+def test_the_kill_table_runs_in_worker_processes_and_keeps_catalog_order() -> None:
+    from spyre_verify.controls import catalog_workers, kill_table
+
+    tiny = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    names = ["mask-leak", "live-block-padding"]
+    rows = kill_table(tiny, seeded_workload(tiny, 6), names, workers=2)
+    assert [(r.fault, r.caught) for r in rows] == [("mask-leak", True), ("live-block-padding", True)]
+    assert rows[0].expected == "output-equivalence" and rows[0].expected in rows[0].caught_by
+    # One process for a small warmup or a single fault; a production-size warmup takes every core.
+    assert catalog_workers(tiny, 14) == 1
+    big = RuntimeConfig(block_size=64, max_model_len=2048, max_num_seqs=8)
+    assert catalog_workers(big, 1) == 1
+    assert catalog_workers(big, 14) == min(14, len(os.sched_getaffinity(0)))
