@@ -42,16 +42,20 @@ ABORT_DELAYS = (0, 1, 2, 4, 8, 16)
 # one drawn to fill max_model_len, which keeps its length so the run still meets that edge. Long
 # prompts reach the deep KV rungs in one prefill; the coverage witnesses reach the rest.
 LONG_TOKENS = 256
+# Up to this max_model_len one request still fills it (2,000-odd steps); above it, it too is capped:
+# at 8192 it alone took 8,000 steps and a reference run as long.
+FULL_LENGTH_UP_TO = 2048
 
 
 def tokens_rule(config: RuntimeConfig) -> str:
     """How `seeded_workload` draws max_tokens for `config`, in words, for the reports."""
-    if config.max_model_len <= LONG_TOKENS:
+    L = config.max_model_len
+    if L <= LONG_TOKENS:
         return "max_tokens drawn from 1 up to what fits in max_model_len"
+    full = ", except one request that fills max_model_len" if L <= FULL_LENGTH_UP_TO else ""
     return (
-        f"max_tokens drawn from 1 up to {LONG_TOKENS} (max_model_len {config.max_model_len} > {LONG_TOKENS}), "
-        "except one request that fills max_model_len: the run stays within minutes, and long prompts "
-        "reach the deep KV rungs"
+        f"max_tokens drawn from 1 up to {LONG_TOKENS} (max_model_len {L} > {LONG_TOKENS}){full}: the run stays "
+        "within minutes, and long prompts reach the deep KV rungs"
     )
 
 
@@ -71,7 +75,7 @@ def seeded_workload(
     bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
     out, step = [], 0
     longest = max(1, L - 1)
-    full = False  # whether a request already fills max_model_len (above LONG_TOKENS)
+    full = L > FULL_LENGTH_UP_TO  # whether no more request may fill max_model_len (above LONG_TOKENS)
     for _ in range(requests):
         step += rng.choice([0, 0, 0, 1, 2, 5, 10])
         p = rng.choice([1, rng.randint(1, bs), rng.randint(1, longest), longest])

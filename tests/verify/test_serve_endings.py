@@ -193,3 +193,9 @@ def test_above_long_tokens_each_admission_edge_request_is_aborted_after_it_runs(
     assert not any(isinstance(a, Abort) for a in small) and {a.step for a in small} == {0}
     stats = serve(Sim(config), edges, on_rejected=lambda a, e: None)
     assert stats.steps < 30 and stats.abort_missed == 0
+
+
+def test_above_2048_no_request_fills_max_model_len() -> None:
+    config = RuntimeConfig(block_size=64, max_model_len=8192, max_num_seqs=32)
+    assert max(a.max_tokens for a in seeded_workload(config, 60, seed=3)) == LONG_TOKENS
+    assert "fills" not in tokens_rule(config)
