@@ -27,13 +27,14 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.crowds import crowd_traffic_for_check
+from spyre_verify.edges import abort_edges, boundary_arrivals, chunk_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import Runtime, layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.workload import Abort, Arrival, Item, boundary_arrivals, seeded_workload
+from spyre_verify.workload import Arrival, Item, seeded_workload
 
 
 def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]:
@@ -199,46 +200,6 @@ def serve(
         engine, workload, on_rejected=judged_by(observers), on_abort=aborts_judged_by(observers), on_step=note
     )
     return stats.accepted, stats.rejected
-
-
-def abort_edges(config: RuntimeConfig) -> list[Item]:
-    """Aborts of running requests, which a seeded workload's long queue makes rare: `a` runs,
-    `b` joins, `a` is aborted right after `b`'s prefill (DESIGN "Reachable.": a state no
-    natural finish reaches), then `b`, alone, is aborted and the batch empties. Then, where
-    two blocks and three tokens fit, the same with a strip: `c` of bs + 1 tokens runs at tkv
-    2 bs, one-token `d` joins with a whole block of left padding, and aborting `c` must strip
-    it at once (DESIGN "Abort."); `d` decodes once alone before its abort. All ignore the EOS,
-    so they run until aborted; an abort that finds its request ended is a miss."""
-    bs, L = config.block_size, config.max_model_len
-    mt = max(1, min(4, L - bs))
-    edges: list[Item] = [
-        Arrival(0, (1,), mt, ignore_eos=True),
-        Arrival(1, (2, 3), mt, ignore_eos=True),
-        Abort(2, 0),
-        Abort(3, 1),
-    ]
-    if 2 * bs + 3 <= L and config.max_num_seqs >= 2:
-        edges += [
-            Arrival(4, (1,) * (bs + 1), 2, ignore_eos=True),
-            Arrival(5, (1,), 3, ignore_eos=True),
-            Abort(6, 2),
-            Abort(7, 3),
-        ]
-    return edges
-
-
-def chunk_edges(config: RuntimeConfig) -> list[Item]:
-    """Ragged layout: the longest prompt prefilled beside decoding rows, so that it takes several
-    chunks and later chunks start past 0 (DESIGN "Budget."). Up to two one-token requests
-    decode while it prefills; each asks for 4 tokens, so they hold few blocks and end during
-    its chunks, and the prompt's last chunk runs with fewer rows beside it. At the embedded
-    config (block_size 4, max_model_len 16, 4 seqs, budget 8) the 15-token prompt takes
-    chunks of 6, 6 and 3. Nothing for the padded layout, which prefills a prompt whole."""
-    if not config.ragged or config.max_model_len < 3:
-        return []
-    rows = min(config.max_num_seqs - 1, 2)
-    edges: list[Item] = [Arrival(i, (1,), 4, ignore_eos=True) for i in range(rows)]
-    return [*edges, Arrival(rows, (2,) * (config.max_model_len - 1), 1, ignore_eos=True)]
 
 
 def cover(engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()) -> tuple[int, list[str]]:

@@ -105,25 +105,3 @@ def with_endings(config: RuntimeConfig, arrivals: list[Arrival], seed: int = 0) 
             at = a.step + rng.choice(ABORT_DELAYS)
             timed.append((at, len(timed), Abort(at, i)))
     return [item for _, _, item in sorted(timed, key=lambda t: t[:2])]
-
-
-def boundary_arrivals(config: RuntimeConfig) -> list[Item]:
-    """Requests at the edge of admission: for a few prompt lengths, the longest output that
-    fits once the prompt is padded to a block (ragged: unpadded; DESIGN admits it), one token
-    more and zero tokens (DESIGN refuses both at `add_request`). Above a max_model_len of
-    LONG_TOKENS the admitted one is aborted two steps after it arrives: the edge is whether it is
-    admitted, and serving each to the end took thousands of steps (the seeded workload already
-    runs one request to max_model_len)."""
-    bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
-    long = L > LONG_TOKENS
-    out: list[Item] = []
-    step = arrived = 0
-    for p in sorted({1, bs - 1, bs, bs + 1, L - 1, L} - {0}):
-        prompt = tuple((5 * i + 1) % vocab for i in range(p))
-        room = L - (p if getattr(config, "layout", "padded") == "ragged" else math.ceil(p / bs) * bs)
-        fits = [Arrival(step, prompt, room)] if room >= 1 else []
-        out += [*fits, Arrival(step, prompt, max(1, room + 1)), Arrival(step, prompt, 0)]
-        out += [Abort(step + 2, arrived)] if long and fits else []
-        arrived += len(fits) + 2
-        step += 3 if long else 0
-    return out

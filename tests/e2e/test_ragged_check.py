@@ -5,8 +5,9 @@ equal the reference, and a prompt prefilled in three or more chunks."""
 from __future__ import annotations
 
 from runtime.config import RuntimeConfig
+from spyre_verify.edges import chunk_edges
 from spyre_verify.serve_loop import ignore, serve
-from spyre_verify.session import chunk_edges, verify
+from spyre_verify.session import verify
 from spyre_verify.sim import Sim
 
 EMBEDDED = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8}

@@ -49,7 +49,10 @@ def test_builder_own_ladder_is_flagged_at_attach() -> None:
     assert v.kind == "ladder-divergence"
     assert "the builder's kv_blocks ladder [1, 2, 4] differs from the oracle's [3, 4]" in v.message
     assert "rungs only the builder has [1, 2], rungs it lacks [3]" in v.message
-    assert "a decode of 1 row writing position 0 (tkv 0) dispatched decode(1,), where the oracle's key is decode(3,)" in v.message
+    assert (
+        "a decode of 1 row writing position 0 (tkv 0) dispatched decode(1,), where the oracle's key is decode(3,)"
+        in v.message
+    )
     assert (v.bucket, v.batch) == ("decode(1,)", "a decode of 1 row writing position 0 (tkv 0)")
 
 
@@ -111,7 +114,10 @@ def test_a_builder_that_fails_on_a_valid_shape_is_flagged() -> None:
 
     [d] = probe_builder(builder_with(CHECK, prefill_bucket=no_top), CHECK)
     assert d.kind == "builder-error" and d.shape == ("prefill", 13, 0)
-    assert "the builder failed on a prefill with the batch at position 13 (tkv 13): AssertionError: prefill above 12 tokens" in d.message
+    assert (
+        "the builder failed on a prefill with the batch at position 13 (tkv 13): AssertionError: prefill above 12 tokens"
+        in d.message
+    )
 
 
 def test_warmup_ladder_comes_from_compile_events_and_must_sit_on_the_oracles() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Request, StepPlan
+from spyre_verify.edges import boundary_arrivals
 from spyre_verify.serve_loop import ServeStats, serve
 from spyre_verify.sim import STAND_IN, Sim
 from spyre_verify.workload import (
@@ -21,7 +22,6 @@ from spyre_verify.workload import (
     Abort,
     Arrival,
     Item,
-    boundary_arrivals,
     seeded_workload,
     tokens_rule,
     with_endings,
