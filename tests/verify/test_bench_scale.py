@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from runtime.config import RuntimeConfig
 from spyre_verify.bench.figures import FIGURES, TINY, Plan
 from spyre_verify.bench.scale import SCALES, _growth, backlog
 from spyre_verify.bench.scale_check import check_figure
+from spyre_verify.bundled import BundledRuntime as Engine
+from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.cli.bench import plan_from_args
 from spyre_verify.cli.main import main
+from spyre_verify.session import serve as engine_serve
+from spyre_verify.workload import seeded_workload
 
 IDS = ["1c", "1d", "1e", "1e-mem", "8", "8b"]
 
@@ -83,16 +88,20 @@ def test_a_check_that_does_not_pass_misses_whatever_its_time() -> None:
 
 
 def test_growth_names_a_checker_whose_cost_per_row_grows_with_the_config() -> None:
-    # A padding check that walked the pool: its us a row at 64 rows of 2048 tokens is 4x that at 4 of 16.
+    # A padding check that walked the pool: at 4 rows its us a row at 2048 tokens is 4x that at 16.
     def size(padding: float) -> list[dict[str, float]]:
         return [{"padding-validity": padding, "contract-conformance": 2.0, "rows": 4.0}]
 
-    per_row = {(4, 16): size(1.0), (4, 2048): size(1.2), (64, 2048): size(4.0)}
+    per_row = {(4, 16): size(1.0), (4, 2048): size(4.0), (64, 16): size(1.0), (64, 2048): size(1.1)}
     fig = _growth(Plan(TINY, "eager", 1), SCALES["tiny"], per_row)
     assert fig.details["growing"] == {"padding-validity": 4.0}
     assert fig.value == pytest.approx(6.0 / 3.0) and fig.met is False
     flat = _growth(Plan(TINY, "eager", 1), SCALES["tiny"], {p: size(1.0) for p in per_row})
     assert flat.value == 1.0 and flat.met is True and flat.details["growing"] == {}
+    # A fixed cost a step, shared by more rows at 64 than at 4, is no growth with the config.
+    fixed = {(4, 16): size(8.0), (4, 2048): size(8.0), (64, 16): size(1.0), (64, 2048): size(1.0)}
+    shared = _growth(Plan(TINY, "eager", 1), SCALES["tiny"], fixed)
+    assert shared.met is True and shared.details["across_every_size"] == pytest.approx(10 / 3, abs=1e-3)
 
 
 def test_the_backlog_starts_with_every_row_and_keeps_arriving() -> None:
@@ -101,3 +110,16 @@ def test_the_backlog_starts_with_every_row_and_keeps_arriving() -> None:
     assert all(a.step <= b.step for a, b in itertools.pairwise(stream))
     assert stream[-1].step > 100  # spread out: about one arrival every 1.5 steps, as 8 rows of 4.5 tokens drain
     assert all(1 <= len(a.prompt) <= 4 and 1 <= a.max_tokens <= 8 for a in stream)
+
+
+def test_the_contract_checker_forgets_a_request_s_limits_once_it_ends() -> None:
+    # Figure 1e-mem found it keeping every request's stop tokens and max_tokens for the whole run.
+    config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
+    engine, conformance = Engine(config), ContractConformance()
+    conformance.attach(engine)
+    engine.warmup()
+    work = seeded_workload(config, 12, seed=1)
+    engine_serve(engine, work)
+    assert conformance.ok and len(engine.finished) == 12
+    assert conformance.stops == {} and conformance.max_tokens == {}
+    assert conformance.observed()["requests"] == 12
