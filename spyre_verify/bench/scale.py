@@ -72,14 +72,16 @@ SCALES = {
 }
 
 
-def backlog(rows: int, longest_prompt: int, most_tokens: int, vocab: int, seed: int = 0) -> Iterator[Arrival]:
+def backlog(
+    rows: int, longest_prompt: int, most_tokens: int, vocab: int, seed: int = 0, load: float = 1.05
+) -> Iterator[Arrival]:
     """An endless stream that keeps `rows` rows as busy as its lengths allow: `rows` requests at
-    step 0, then arrivals 5% faster than the rows drain, so a short queue waits and a freed row is
-    taken at once. A step prefills one request or decodes every row; a request holds its row for
+    step 0, then arrivals at `load` times the rate the rows drain: 5% faster by default, so a short
+    queue waits and a freed row is taken at once; under 1, a queue that stays short for good. A step prefills one request or decodes every row; a request holds its row for
     about its tokens, so the rows drain `rows / tokens` requests a decode step, each with a prefill
     step of its own. Lengths are drawn, not scaled to the config."""
     rng = random.Random(seed)
-    gap = (1 + (1 + most_tokens) / 2 / rows) / 1.05
+    gap = (1 + (1 + most_tokens) / 2 / rows) / load
     for _ in range(rows):
         yield _request(rng, 0, longest_prompt, most_tokens, vocab)
     for i in itertools.count(1):
