@@ -219,16 +219,20 @@ def growth_figure(plan: Plan, progress: Progress) -> Figure:
                 points[r, length] = rig, drive
         progress(f"figure 1d: {plan.repeats} rounds of {scale.grid_steps} steps at {len(points)} sizes, interleaved")
         per_row: dict[tuple[int, int], list[dict[str, float]]] = {p: [] for p in points}
+        judged = True
         for _ in range(plan.repeats):
             for p, (rig, drive) in points.items():
                 with counting_rows(rig.engine) as count:
-                    parts, _ = handler_us(drive, rig.engine, rig.checkers, scale.grid_steps)
+                    parts, seen = handler_us(drive, rig.engine, rig.checkers, scale.grid_steps)
+                judged = judged and all_judged(seen)
                 per_step_rows = count.rows / max(1, len(count.by_step))
                 per_row[p].append({k: v / per_step_rows for k, v in parts.items()} | {"rows": per_step_rows})
     finally:
         for rig, _ in reversed(points.values()):
             rig.engine.close()
-    return _growth(plan, scale, per_row)
+    fig = _growth(plan, scale, per_row)
+    fig.conditions["every checker judged every timed step at every size"] = judged
+    return fig
 
 
 def widest(cost: dict[tuple[int, int], float]) -> float:

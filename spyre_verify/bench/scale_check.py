@@ -64,7 +64,9 @@ def check_figure(
     at = "production" if flags == production else "small stand-in"
     return Figure(
         fid,
-        f"Check wall time at {' '.join(production)}",
+        f"Check wall time at {' '.join(production)}"
+        if at == "production"
+        else f"Check wall time at {' '.join(flags)}, standing in for {' '.join(production)}",
         wall,
         wall,
         wall,
