@@ -14,7 +14,7 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from runtime.config import RuntimeConfig
@@ -94,10 +94,12 @@ class Lockstep:
     serve loop drives it; each round resumes the stream where the last one stopped.
     """
 
-    def __init__(self, rigs: dict[str, Rig]) -> None:
+    def __init__(self, rigs: dict[str, Rig], arrivals: Iterable[Arrival] | None = None) -> None:
         self.rigs = list(rigs.values())
         self.lead = self.rigs[0].engine
-        self.arrivals = Feed(arrival_stream(self.lead.config), self.lead.steps)
+        # Another stream (the scale figures keep every row busy); default: seeded workloads.
+        stream = arrival_stream(self.lead.config) if arrivals is None else arrivals
+        self.arrivals = Feed(stream, self.lead.steps)
         self._order = random.Random(0)
         self.in_step = False  # True while a timed step runs: what the breakdown attributes to a step
         self.stepped = 0  # lockstep steps so far: names the step a handler ran in

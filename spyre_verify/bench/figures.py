@@ -21,6 +21,9 @@ from runtime.config import ModelDims, RuntimeConfig
 from spyre_verify.defaults import CHECK_DEFAULTS
 
 FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7")
+# A group `--only` names by word and the default run leaves out (minutes at full size):
+# checker cost at realistic sizes and its growth, a soak, the check's wall time (`bench.scale`).
+SCALE = "scale"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spyre_verify.bench import engine, kernels, layouts, sched
-from spyre_verify.bench.figures import Figure, Plan
+from spyre_verify.bench.figures import SCALE, Figure, Plan
 from spyre_verify.bench.overhead import overhead_figures
 from spyre_verify.messages import Progress
 
@@ -29,6 +29,8 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
             out.append(sched.waste_figure(plan, progress))
         if "7" in plan.only:
             out += layouts.layout_figures(plan, progress)
+        if SCALE in plan.only:
+            out += scale_figures(plan, progress)
     finally:
         torch.set_num_threads(threads)
     for f in out:
@@ -42,6 +44,18 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
                 )
             )
     return sorted(out, key=lambda f: f.id)
+
+
+def scale_figures(plan: Plan, progress: Progress) -> list[Figure]:
+    """`--only scale`: the checkers at realistic sizes (1c, 1d), a soak (1e) and the check's wall time (8, 8b)."""
+    from spyre_verify.bench import scale, scale_check, scale_soak
+
+    return [
+        scale.wide_figure(plan, progress),
+        scale.growth_figure(plan, progress),
+        *scale_soak.soak_figures(plan, progress),
+        *scale_check.check_figures(plan, progress),
+    ]
 
 
 def engine_figures(plan: Plan, progress: Progress) -> list[Figure]:

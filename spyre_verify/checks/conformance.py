@@ -192,7 +192,8 @@ class ContractConformance(Checker):
 
     def wrong_reason(self, ev: FinishEvent, aborted: bool) -> str | None:
         """Why DESIGN "Finish." contradicts this finish event; None when it agrees."""
-        stops, mt, got = self.stops.get(ev.request_id, frozenset()), self.max_tokens.get(ev.request_id), ev.tokens
+        # Popped: a request ends once (a second finish is flagged before this); kept, a soak grows.
+        stops, mt, got = self.stops.pop(ev.request_id, frozenset()), self.max_tokens.pop(ev.request_id, None), ev.tokens
         early = next((i for i, t in enumerate(got[:-1]) if t in stops), None)
         if early is not None:
             return f"token {early} ({got[early]}) is a stop token, so it should have ended there"
@@ -331,7 +332,7 @@ class ContractConformance(Checker):
         return out
 
     def observed(self) -> dict[str, Any]:
-        return {"steps": self.steps_checked, "requests": len(getattr(self, "max_tokens", ()))}
+        return {"steps": self.steps_checked, "requests": len(getattr(getattr(self, "model", None), "known", ()))}
 
     def summary(self) -> dict[str, Any]:
         return {
