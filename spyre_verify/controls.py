@@ -23,6 +23,10 @@ if TYPE_CHECKING:  # a run loads torch; naming the catalog (the CLI's help) must
 # Above this many reachable buckets (each a warmup compile of every fault run) the kill table
 # runs its faults in parallel processes.
 PARALLEL_ABOVE = 32
+# A kill-table row runs the bundled runtime under eager: every fault and checker lives at Dynamo's
+# level (guards, the recording backend's graphs, the stance), the same for every backend, and eager
+# compiles a third faster than aot_eager. `check --fault` keeps the run's own backend.
+CONTROL_BACKEND = "eager"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ def run_fault(
         return verify(config, workload=workload, checkers=checkers, fault=name, progress=progress, runtime=runtime)
     fault = faults.get(name)
     cfg, seams = fault.apply(config)
+    if stop_at is not None:
+        cfg = cfg.with_(backend=CONTROL_BACKEND)
     dynamo_log = logging.getLogger("torch._dynamo")
     level = dynamo_log.level
     dynamo_log.setLevel(logging.ERROR)  # the recompile-limit fault warns by design

@@ -38,13 +38,19 @@ class Servable(Protocol):
     def has_work(self) -> bool: ...
 
 
+# Arrival ids an endless stream's Feed keeps for its aborts (a soak's abort comes within 16 steps).
+ENDLESS_WINDOW = 512
+
+
 class Feed:
     """Arrivals (and aborts) in step order, looked at one ahead; resumable across `serve` calls.
 
     Arrival step `s` is due before engine step `offset + s`. An idle skip-ahead moves
     the offset, so the arrivals after the next keep their gaps. The arrivals may be an
     endless iterator. `ids` holds the request id of every arrival submitted so far
-    (None: refused), which an `Abort` names by its index.
+    (None: refused), which an `Abort` names by its index; for arrivals that are not a
+    sequence (an endless stream, a soak's) only the last ENDLESS_WINDOW of them are kept,
+    so a long run's memory stays flat (`submitted` counts them all).
     """
 
     def __init__(self, arrivals: Iterable[Item], offset: int = 0) -> None:
@@ -52,6 +58,21 @@ class Feed:
         self.head: Item | None = next(self._rest, None)
         self.offset = offset
         self.ids: list[str | None] = []
+        self.dropped = 0  # ids forgotten from the front of `ids`
+        self.window = None if isinstance(arrivals, Sequence) else ENDLESS_WINDOW
+
+    def submitted(self, rid: str | None) -> None:
+        self.ids.append(rid)
+        if self.window is not None and len(self.ids) > 2 * self.window:
+            del self.ids[: self.window]  # amortised: one cut every `window` arrivals
+            self.dropped += self.window
+
+    def id_of(self, ref: int) -> str | None:
+        """The request id of arrival `ref`; KeyError when it is not (or no longer) known."""
+        i = ref - self.dropped
+        if not 0 <= i < len(self.ids):
+            raise KeyError(ref)
+        return self.ids[i]
 
     def due(self, now: int) -> Item | None:
         """Take the next arrival if it is due before engine step `now`."""
@@ -125,7 +146,7 @@ def serve(
             if isinstance(a, Abort):
                 _abort(engine, feed, a, stats, on_missed, on_abort)
             else:
-                feed.ids.append(_submit(engine, a, stats, on_rejected))
+                feed.submitted(_submit(engine, a, stats, on_rejected))
         if not engine.has_work():
             if feed.head is None:
                 stats.stopped = DRAINED
@@ -166,9 +187,11 @@ def _submit(engine: Servable, a: Arrival, stats: ServeStats, on_rejected: Reject
 def _abort(
     engine: Servable, feed: Feed, a: Abort, stats: ServeStats, on_missed: Missed | None, on_abort: Aborted | None
 ) -> None:
-    if not 0 <= a.ref < len(feed.ids):
-        raise ValueError(f"{a}: the workload has no earlier arrival #{a.ref} to abort ({len(feed.ids)} so far)")
-    rid = feed.ids[a.ref]
+    try:
+        rid = feed.id_of(a.ref)
+    except KeyError:
+        seen = feed.dropped + len(feed.ids)
+        raise ValueError(f"{a}: the workload has no earlier arrival #{a.ref} to abort ({seen} so far)") from None
     try:
         if rid is not None:
             engine.abort(rid)

@@ -30,15 +30,28 @@ class WarmupExactness(Checker):
 
     def attach(self, engine: Any) -> None:
         self.compiled: set[Bucket] = set()
+        self.config = engine.config
+        self.judged = False
         super().attach(engine)
 
     def on_compile(self, ev: CompileEvent) -> None:
         if ev.phase != SERVING:
             self.compiled.add(ev.bucket)
 
+    def on_step(self, ev: Any) -> None:
+        # Warmup is over once a serving step runs: judge then, so a strict run (a control's) stops there.
+        if not self.judged:
+            self.judge()
+
     def finish(self, engine: Any) -> None:
+        if not getattr(self, "judged", False):  # a run that never served (or a stand-in never attached)
+            self.config = engine.config
+            self.judge()
+
+    def judge(self) -> None:
+        self.judged = True
         warm = frozenset(self.compiled)
-        reach = reachable(engine.config, self.budget)
+        reach = reachable(self.config, self.budget)
         missing = sorted(reach.buckets - warm)
         extra = sorted(warm - reach.buckets)
         hit = len(warm & reach.buckets)
@@ -62,7 +75,7 @@ class WarmupExactness(Checker):
                 bucket=str(b),
             )
         # A walk cut at its budget proves only what it saw; DESIGN's key formulas still bound it from above.
-        beyond = extra if reach.exact else sorted(warm - key_space(engine.config))
+        beyond = extra if reach.exact else sorted(warm - key_space(self.config))
         for b in beyond:
             why = "no batch state can dispatch to it" if reach.exact else "no batch shape has this key"
             self.flag(

@@ -40,6 +40,8 @@ from runtime.events import RowState
 from spyre_verify.oracle.compare import StateJudge
 from spyre_verify.oracle.derive import batch_tkv_limit, ceil_div, usable_blocks
 
+RECENT = 256  # ended request ids a model remembers, to tell an abort of an ended request from a stranger's
+
 
 @dataclass(slots=True)
 class ModelRow:
@@ -91,7 +93,10 @@ class ContractModel(StateJudge):
         self.tkv = 0
         self.rows: list[ModelRow] = []
         self.waiting: deque[Pending] = deque()
+        # Live requests only, and the ids of the last RECENT that ended: a soak's model stays flat.
         self.known: dict[str, Pending] = {}
+        self.ended: deque[str] = deque(maxlen=RECENT)
+        self.added = 0
         self.reserved = 0  # sum of the rows' reservations
         self.last: ModelStep = IDLE
 
@@ -111,6 +116,7 @@ class ContractModel(StateJudge):
     def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         pending = Pending(request_id, prompt_len, max_tokens)
         self.known[request_id] = pending
+        self.added += 1
         self.waiting.append(pending)
 
     def has_work(self) -> bool:
@@ -197,14 +203,20 @@ class ContractModel(StateJudge):
         if strip:
             rules.append("strip")
         self.last = ModelStep(kind, admitted, shift, seqs, key_tkv, finished, strip, tuple(rules))
+        self.forget(self.last.finished)
         return self.last
 
     # -- abort ---------------------------------------------------------------------------------
+    def forget(self, ended: Sequence[str]) -> None:
+        for rid in ended:
+            self.known.pop(rid, None)
+            self.ended.append(rid)
+
     def abort_refusal(self, request_id: str) -> str | None:
         """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
         if any(w.request_id == request_id for w in self.waiting) or any(r.request_id == request_id for r in self.rows):
             return None
-        return "it has ended" if request_id in self.known else "no such request"
+        return "it has ended" if request_id in self.ended else "no such request (or it ended long ago)"
 
     def abort(self, request_id: str) -> ModelStep:
         """DESIGN Abort.: a waiting request leaves the queue; a running one returns its whole
@@ -224,6 +236,7 @@ class ContractModel(StateJudge):
             if strip:
                 rules.append("strip")
         self.last = ModelStep("abort", None, 0, 0, self.tkv, (request_id,), strip, tuple(rules))
+        self.forget(self.last.finished)
         return self.last
 
     def _strip(self) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from runtime.config import RuntimeConfig
 from runtime.events import PrefillState, RowState
 from spyre_verify.oracle.derive import ceil_div, pool_blocks, usable_blocks
-from spyre_verify.oracle.model import Pending
+from spyre_verify.oracle.model import RECENT, Pending
 from spyre_verify.oracle.ragged_compare import RaggedJudge
 
 
@@ -83,7 +83,10 @@ class RaggedModel(RaggedJudge):
         self.rows: list[RaggedRow] = []
         self.prefill: Prefilling | None = None
         self.waiting: deque[Pending] = deque()
+        # Live requests only, and the ids of the last RECENT that ended: a soak's model stays flat.
         self.known: dict[str, Pending] = {}
+        self.ended: deque[str] = deque(maxlen=RECENT)
+        self.added = 0
         self.reserved = 0  # the admitted requests' reservations, the prefilling one's included
         self.last: RaggedStep = IDLE
 
@@ -100,6 +103,7 @@ class RaggedModel(RaggedJudge):
     def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
         pending = Pending(request_id, prompt_len, max_tokens)
         self.known[request_id] = pending
+        self.added += 1
         self.waiting.append(pending)
 
     def has_work(self) -> bool:
@@ -170,15 +174,21 @@ class RaggedModel(RaggedJudge):
         kind = "mixed" if d and chunk else "decode" if d else "prefill"
         finished = tuple(r.request_id for r in ends)
         self.last = RaggedStep(kind, admitted, decodes, chunk, completes, finished, tuple(rules), why)
+        self.forget(self.last.finished)
         return self.last
 
     # -- abort ---------------------------------------------------------------------------------
+    def forget(self, ended: Sequence[str]) -> None:
+        for rid in ended:
+            self.known.pop(rid, None)
+            self.ended.append(rid)
+
     def abort_refusal(self, request_id: str) -> str | None:
         """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
         live = [w.request_id for w in self.waiting] + [r.request_id for r in self.rows]
         if request_id in live or (self.prefill is not None and self.prefill.request_id == request_id):
             return None
-        return "it has ended" if request_id in self.known else "no such request"
+        return "it has ended" if request_id in self.ended else "no such request (or it ended long ago)"
 
     def abort(self, request_id: str) -> RaggedStep:
         """A waiting request leaves the queue; a prefilling or running one returns its blocks and its
@@ -197,6 +207,7 @@ class RaggedModel(RaggedJudge):
         else:
             self.waiting = deque(w for w in self.waiting if w.request_id != request_id)
         self.last = RaggedStep("abort", None, (), None, False, (request_id,), ("abort",), "")
+        self.forget(self.last.finished)
         return self.last
 
     # -- recovery ------------------------------------------------------------------------------

@@ -199,3 +199,20 @@ def test_above_2048_no_request_fills_max_model_len() -> None:
     config = RuntimeConfig(block_size=64, max_model_len=8192, max_num_seqs=32)
     assert max(a.max_tokens for a in seeded_workload(config, 60, seed=3)) == LONG_TOKENS
     assert "fills" not in tokens_rule(config)
+
+
+def test_an_endless_stream_keeps_only_a_window_of_arrival_ids() -> None:
+    from spyre_verify.serve_loop import ENDLESS_WINDOW, Feed
+
+    feed = Feed(iter([]))
+    for i in range(5 * ENDLESS_WINDOW):
+        feed.submitted(f"r{i}")
+    assert len(feed.ids) <= 2 * ENDLESS_WINDOW  # flat, however long the soak
+    last = 5 * ENDLESS_WINDOW - 1
+    assert feed.id_of(last) == f"r{last}" and feed.id_of(last - ENDLESS_WINDOW + 1) == f"r{last - ENDLESS_WINDOW + 1}"
+    with pytest.raises(KeyError):
+        feed.id_of(0)  # long gone
+    finite = Feed([])  # a workload list keeps every id: its aborts may name any arrival
+    for i in range(3 * ENDLESS_WINDOW):
+        finite.submitted(f"r{i}")
+    assert finite.id_of(0) == "r0" and len(finite.ids) == 3 * ENDLESS_WINDOW
