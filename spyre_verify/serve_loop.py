@@ -39,7 +39,7 @@ class Servable(Protocol):
 
 
 # Arrival ids an endless stream's Feed keeps for its aborts (a soak's abort comes within 16 steps).
-ENDLESS_WINDOW = 512
+ENDLESS_WINDOW, TRIM = 256, 32
 
 
 class Feed:
@@ -63,9 +63,9 @@ class Feed:
 
     def submitted(self, rid: str | None) -> None:
         self.ids.append(rid)
-        if self.window is not None and len(self.ids) > 2 * self.window:
-            del self.ids[: self.window]  # amortised: one cut every `window` arrivals
-            self.dropped += self.window
+        if self.window is not None and len(self.ids) > self.window + TRIM:
+            del self.ids[:TRIM]  # a cut every TRIM arrivals keeps the list within TRIM of the window
+            self.dropped += TRIM
 
     def id_of(self, ref: int) -> str | None:
         """The request id of arrival `ref`; KeyError when it is not (or no longer) known."""

@@ -316,11 +316,11 @@ class ContractConformance(Checker):
         """What the runtime hands its users (`finished`) must be what its finish events said. Each
         request is checked once and forgotten; `partial` (mid-run) leaves one not yet recorded."""
         wrong = []
-        for rid, (tokens, reason) in list(self.ended.items()):
+        for rid in list(self.ended):
             kept = finished.get(rid)
             if kept is None and partial:
                 continue
-            del self.ended[rid]
+            tokens, reason = self.ended.pop(rid)
             if kept is None:
                 wrong.append(f"{rid} ended ({reason}) but has no entry")
             elif (tuple(kept.tokens), kept.reason) != (tokens, reason):

@@ -207,7 +207,7 @@ def test_an_endless_stream_keeps_only_a_window_of_arrival_ids() -> None:
     feed = Feed(iter([]))
     for i in range(5 * ENDLESS_WINDOW):
         feed.submitted(f"r{i}")
-    assert len(feed.ids) <= 2 * ENDLESS_WINDOW  # flat, however long the soak
+    assert len(feed.ids) <= ENDLESS_WINDOW + 32  # flat, however long the soak
     last = 5 * ENDLESS_WINDOW - 1
     assert feed.id_of(last) == f"r{last}" and feed.id_of(last - ENDLESS_WINDOW + 1) == f"r{last - ENDLESS_WINDOW + 1}"
     with pytest.raises(KeyError):
