@@ -12,6 +12,7 @@ which slows every allocation (the handlers about 3x): the ratio holds, the micro
 
 from __future__ import annotations
 
+import gc
 import statistics
 import tracemalloc
 from pathlib import Path
@@ -60,6 +61,9 @@ def soak_figures(plan: Plan, progress: Progress) -> list[Figure]:
             judged = judged and all_judged(seen)
             us.append(sum(parts.values()))
             step_ms.append(statistics.mean(rig.times) * 1e3)
+            # A full collection also empties CPython's free lists, whose cached tuples tracemalloc
+            # would otherwise count as held by the line that first allocated them.
+            gc.collect()
             snap = harness_only(tracemalloc.take_snapshot())
             held.append(sum(t.size for t in snap.traces))
             if i == CHUNKS // 10 - 1:

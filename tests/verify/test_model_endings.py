@@ -59,7 +59,7 @@ def test_abort_of_an_unknown_or_ended_request_is_refused_and_changes_nothing() -
     m = model()
     m.add("a", 1, 1)
     m.step()  # a finishes at its prefill
-    assert m.abort_refusal("a") == "it has ended" and m.abort_refusal("zz") == "no such request"
+    assert m.abort_refusal("a") == "it has ended" and m.abort_refusal("zz") == "no such request (or it ended long ago)"
     before = (m.tkv, list(m.rows), list(m.waiting), m.reserved, m.last)
     with pytest.raises(LookupError, match="cannot abort 'zz': no such request"):
         m.abort("zz")
@@ -99,3 +99,15 @@ def test_volume_refuses_admission_when_the_projected_peak_exceeds_the_limit() ->
     assert model(max_batch_tkv_limit=11).reject_reason(4, 8) is None  # alone: 4 + 7 = 11
     assert "exceeds max_batch_tkv_limit=10" in (model(max_batch_tkv_limit=10).reject_reason(4, 8) or "")
     assert model(max_batch_tkv_limit=1).reject_reason(4, 1) is None  # one token: no decode step at all
+
+
+def test_a_long_run_keeps_only_live_requests_and_the_last_ended_ids() -> None:
+    from spyre_verify.oracle.model import RECENT
+
+    m = ContractModel(CONFIG)
+    for i in range(RECENT + 10):
+        m.add(f"r{i}", 1, 1)  # a one-token request ends at its prefill
+        assert m.step().finished == (f"r{i}",)
+    assert m.known == {} and len(m.ended) == RECENT and m.added == RECENT + 10
+    assert m.abort_refusal(f"r{RECENT + 9}") == "it has ended"
+    assert m.abort_refusal("r0") == "no such request (or it ended long ago)"

@@ -71,6 +71,10 @@ ALLOWED: dict[str, str] = {
     "the hunt looks for; the expected key comes from derive",
     "stateful.py: warm_plan()": "the runtime's warm set is the actual side: a dispatch outside it is the stall "
     "the state machine looks for; the expected key comes from derive",
+    "cli/ladders.py: b.warm_set()": "ladders prints the runtime's warm set and judges it: it is the actual "
+    "side, held to the harness's reachable set (oracle.walk.reachable)",
+    "crowds.py: runtime.ladders()": "traffic, not an expected answer: the crowds also enter every rung the "
+    "runtime announces, beside DESIGN's, so a runtime's own extra rung gets served too",
     "audit/run.py: engine.warm_plan()": "a runtime without design_contract has no walk: the audit judges its "
     "buckets against the plan it declares (README 'Verify your own runtime')",
     "audit/run.py: engine.ladders()": "the ladders report of a foreign runtime shows what it says beside what it does",
