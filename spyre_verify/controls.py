@@ -95,9 +95,6 @@ def fault_row(
 ) -> KillRow:
     """One row of the kill table: the fault's run, stopped at its expected checker's first violation.
     A plain function of picklable arguments, so a worker process can run it."""
-    from spyre_verify.defaults import single_thread
-
-    single_thread()
     return kill_row(name, run_fault(config, name, workload, runtime=runtime, stop_at=expected), expected)
 
 
@@ -147,7 +144,11 @@ def kill_table(
         return rows
     if progress:
         progress(f"controls: {len(names)} faults in {workers} worker processes")
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    from spyre_verify.defaults import single_thread
+
+    # Each worker on one thread, as the process that spawns them: the workers share the cores.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=single_thread) as pool:
         pending = {pool.submit(fault_row, config, n, work, runtime, catalog[n]): n for n in names}
         try:
             for done in as_completed(pending):

@@ -75,7 +75,7 @@ def seeded_workload(
     bs, L, vocab = config.block_size, config.max_model_len, config.model.vocab_size
     out, step = [], 0
     longest = max(1, L - 1)
-    full = L > FULL_LENGTH_UP_TO  # whether no more request may fill max_model_len (above LONG_TOKENS)
+    filled = L > FULL_LENGTH_UP_TO  # True once no further request may fill max_model_len
     for _ in range(requests):
         step += rng.choice([0, 0, 0, 1, 2, 5, 10])
         p = rng.choice([1, rng.randint(1, bs), rng.randint(1, longest), longest])
@@ -85,7 +85,7 @@ def seeded_workload(
             p, room = 1, max(1, L - bs)  # where nothing fits (L <= bs) the engine rejects it
         mt = rng.choice([1, rng.randint(1, room), room])
         if mt > LONG_TOKENS and L > LONG_TOKENS:
-            mt, full = (mt, True) if mt == room and not full else (LONG_TOKENS, full)
+            mt, filled = (mt, True) if mt == room and not filled else (LONG_TOKENS, filled)
         out.append(Arrival(step, tuple(rng.randrange(vocab) for _ in range(p)), max(1, mt)))
     return with_endings(config, out, seed) if endings else out
 

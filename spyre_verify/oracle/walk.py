@@ -270,6 +270,7 @@ def walked(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
     return witnessed(w, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(config.block_size, p))
 
 
+@functools.lru_cache(maxsize=256)
 def closed(config: RuntimeConfig) -> Reachable:
     """The closed form of either layout: exact at any size, each bucket with a replayed witness."""
     return ragged_closed_form.reachable(config) if is_ragged(config) else closed_form.reachable(config)
