@@ -54,14 +54,17 @@ def make_batched(mask_padding: bool = True):
 def make_prefill(mask_padding: bool = True):
     def prefill_attention(q, k, v, left_pad):
         """One request padded to a block multiple: q/k/v [T,H,D], causal from its left padding."""
-        pos = torch.arange(q.shape[0], device=q.device)
+        (t, heads, dim), pos = q.shape, torch.arange(q.shape[0], device=q.device)
         causal = pos[None, :] <= pos[:, None]
         real_key = pos[None, :] >= left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)
         # A left-padding query has no real key; letting it see itself keeps softmax finite.
         valid = causal & (real_key | (pos[None, :] == pos[:, None]))
-        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~valid[None], float("-inf"))
-        return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+        # The mask rides in as the GEMM's bias: at T 8192 the [H,T,T] scores are a gigabyte, and
+        # every separate pass over them (scale, mask) cost as much as the GEMM itself.
+        bias = torch.zeros(t, t, device=q.device).masked_fill(~valid, float("-inf")).expand(heads, t, t)
+        qh, kt, vh = q.float().transpose(0, 1), k.float().permute(1, 2, 0), v.float().transpose(0, 1)
+        scores = torch.baddbmm(bias, qh, kt, alpha=1.0 / math.sqrt(dim))
+        return torch.bmm(scores.softmax(dim=-1), vh).transpose(0, 1).to(q.dtype)
 
     return prefill_attention
 
