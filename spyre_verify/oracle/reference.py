@@ -35,6 +35,7 @@ def forward(model: TinyTransformer, token_ids: list[int], start: int, cache: lis
     x = model.embed(torch.tensor(token_ids, device=dev), torch.arange(start, start + n, device=dev))
     # Query i (position start + i) sees every cached position and the new ones up to itself.
     causal = torch.ones(n, start + n, dtype=torch.bool, device=dev).tril(diagonal=start)
+    last = len(model.layers) - 1
     for layer in range(len(model.layers)):
         q, k, v = model.qkv(layer, x)
         if len(cache) > layer:
@@ -42,6 +43,8 @@ def forward(model: TinyTransformer, token_ids: list[int], start: int, cache: lis
             cache[layer] = (k, v)
         else:
             cache.append((k, v))
+        if layer == last:  # only the last token's logits are asked for: its row alone, not n of them
+            q, x, causal = q[-1:], x[-1:], causal[-1:]
         scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
         probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
