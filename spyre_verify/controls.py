@@ -6,7 +6,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,20 +144,44 @@ def kill_table(
         return rows
     if progress:
         progress(f"controls: {len(names)} faults in {workers} worker processes")
+    with worker_pool(workers) as pool:
+        return collect_rows(pool, submit_faults(pool, config, work, names, runtime, catalog), names, rows, progress)
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Spawned processes, each on one thread as the process that spawns them: they share the cores."""
     from spyre_verify.defaults import single_thread
 
-    # Each worker on one thread, as the process that spawns them: the workers share the cores.
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=single_thread) as pool:
-        pending = {pool.submit(fault_row, config, n, work, runtime, catalog[n]): n for n in names}
-        try:
-            for done in as_completed(pending):
-                rows.append(done.result())
-                if progress:
-                    progress(f"control: {pending[done]} {'caught' if rows[-1].caught else 'NOT caught'}")
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=single_thread)
+
+
+def submit_faults(
+    pool: ProcessPoolExecutor,
+    config: RuntimeConfig,
+    work: tuple[Item, ...] | None,
+    names: list[str],
+    runtime: str,
+    catalog: dict[str, str],
+) -> dict[Future[KillRow], str]:
+    return {pool.submit(fault_row, config, n, work, runtime, catalog[n]): n for n in names}
+
+
+def collect_rows(
+    pool: ProcessPoolExecutor,
+    pending: dict[Future[KillRow], str],
+    names: list[str],
+    rows: list[KillRow],
+    progress: Progress | None,
+) -> list[KillRow]:
+    """Each row appended to `rows` as its fault finishes, in catalog order at the end."""
+    try:
+        for done in as_completed(pending):
+            rows.append(done.result())
+            if progress:
+                progress(f"control: {pending[done]} {'caught' if rows[-1].caught else 'NOT caught'}")
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     rows.sort(key=lambda r: names.index(r.fault))
     return rows
 

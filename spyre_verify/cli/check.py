@@ -7,6 +7,7 @@ Ctrl-C writes what is done so far as a partial report (`"interrupted": true`, ve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from spyre_verify import faults
 from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
-from spyre_verify.cli.check_report import markdown, payload
+from spyre_verify.cli.check_report import PassOutcome, markdown, outcome_of, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
 from spyre_verify.errors import UsageError
@@ -34,8 +35,10 @@ from spyre_verify.runtimes import probe
 from spyre_verify.workload import seeded_workload
 
 if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
+    from runtime.config import RuntimeConfig
     from spyre_verify.controls import KillRow
     from spyre_verify.session import RunResult
+    from spyre_verify.workload import Item
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,12 +67,13 @@ class Done:
 
     stage: str = "the main pass"
     result: RunResult | None = None
-    per_seq: RunResult | None = None
+    per_seq: PassOutcome | None = None
     rows: list[KillRow] = field(default_factory=list)
     per_seq_not_run: str | None = None
     faults: int = 0  # the faults the catalog seeds on this config
     started: float = field(default_factory=time.perf_counter)
     # Wall seconds of the parts outside the main pass: the per-sequence pass and the fault catalog.
+    # In worker processes they run beside the main pass, so the three overlap.
     per_seq_seconds: float = 0.0
     catalog_seconds: float = 0.0
 
@@ -83,8 +87,26 @@ class Done:
         return {k: round(v, 3) for k, v in out.items()}
 
 
+def per_sequence_pass(config: RuntimeConfig, work: list[Item], runtime: str) -> PassOutcome:
+    """The same traffic with batched decode off: with it on, the per-sequence kernel only ever
+    serves one row. A plain function of picklable arguments, so a worker process can run it."""
+    from spyre_verify.session import verify
+
+    t0 = time.perf_counter()
+    result = verify(config.with_(batched_decode=False), workload=work, controls=False, runtime=runtime)
+    return outcome_of(result, time.perf_counter() - t0)
+
+
 def run(args: argparse.Namespace) -> int:
-    from spyre_verify.controls import fault_catalog, kill_table, run_fault
+    from spyre_verify.controls import (
+        catalog_workers,
+        collect_rows,
+        fault_catalog,
+        kill_table,
+        run_fault,
+        submit_faults,
+        worker_pool,
+    )
     from spyre_verify.session import verify
 
     config = config_from_args(args)
@@ -96,46 +118,62 @@ def run(args: argparse.Namespace) -> int:
     work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     name = f"check-{args.fault}" if args.fault else "check"
     done = Done(faults=len(catalog))
+    names = list(catalog) if not (args.fault or args.no_controls) else []
+    if not args.fault and "per_sequence_decode" not in rt.capabilities:
+        done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
+    per_seq = not args.fault and done.per_seq_not_run is None and config.batched_decode
+    # A large config's fault runs, and its per-sequence pass, each take minutes: they run in worker
+    # processes beside the main pass, one a core, instead of after it.
+    workers = catalog_workers(config, len(names)) if names else 1
+    pool = worker_pool(workers) if workers > 1 else None
+    started = time.perf_counter()
     try:
-        if args.fault:
-            about = faults.get(args.fault).description if rt.bundled else f"caught by {catalog[args.fault]}"
-            say(f"running under fault {args.fault}: {about}")
-            done.result = run_fault(config, args.fault, work, progress=say, runtime=rt.target)
-        else:
-            done.result = verify(config, workload=work, progress=say, runtime=rt.target)
-            if "per_sequence_decode" not in rt.capabilities:
-                done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
+        with pool or contextlib.nullcontext():
+            beside = pool.submit(per_sequence_pass, config, work, rt.target) if pool and per_seq else None
+            pending = submit_faults(pool, config, tuple(work), names, rt.target, catalog) if pool else {}
+            if pool:
+                say(
+                    f"beside the main pass, in {workers} worker processes: {len(names)} faults"
+                    + (" and the per-sequence pass" if per_seq else "")
+                )
+            if args.fault:
+                about = faults.get(args.fault).description if rt.bundled else f"caught by {catalog[args.fault]}"
+                say(f"running under fault {args.fault}: {about}")
+                done.result = run_fault(config, args.fault, work, progress=say, runtime=rt.target)
+            else:
+                done.result = verify(config, workload=work, progress=say, runtime=rt.target)
+            if done.per_seq_not_run:
                 say(f"per-sequence pass not run: {done.per_seq_not_run}")
-            elif config.batched_decode:
-                # With batched decode on, the per-sequence kernel only ever serves one row.
+            elif per_seq:
                 done.stage = "the per-sequence pass"
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
-                no_batched = config.with_(batched_decode=False)
-                t0 = time.perf_counter()
-                done.per_seq = verify(no_batched, workload=work, controls=False, progress=say, runtime=rt.target)
-                done.per_seq_seconds = time.perf_counter() - t0
-            if not args.no_controls and not catalog:
+                done.per_seq = beside.result() if beside else per_sequence_pass(config, work, rt.target)
+                done.per_seq_seconds = done.per_seq.seconds
+            if not args.fault and not args.no_controls and not catalog:
                 say(
                     f"fault catalog not run: the {rt.name} runtime ships no faults(), so nothing proves its checkers can fail"
                 )
-            if not args.no_controls and catalog:
+            if names:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 done.stage = "the fault catalog"
-                t0 = time.perf_counter()
-                kill_table(config, work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
+                t0 = started if pool else time.perf_counter()
+                if pool:
+                    collect_rows(pool, pending, names, done.rows, say)
+                else:
+                    kill_table(config, work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
                 done.catalog_seconds = time.perf_counter() - t0
     except KeyboardInterrupt:
         path = write_partial(args.out, name, config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
     assert done.result is not None  # every path above sets it or raised
-    p = payload(done.result, None if args.no_controls or args.fault or not catalog else done.rows, done.per_seq)
+    p = payload(done.result, done.rows if names else None, done.per_seq)
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
     p["phases"] = done.phases()
     p["controls_not_applicable"] = faults.not_applicable(config) if rt.bundled and p["controls"] is not None else {}
-    passes = [r for r in (done.result, done.per_seq) if r is not None]
-    p["runtime_crash"] = crashed = crash_report(args.out, name, [t for r in passes for t in tracebacks_of(r.checkers)])
+    crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
+    p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
     write_json(args.out / f"{name}.json", p)
     write_atomic(args.out / f"{name}.md", markdown(p))
     print(json.dumps(p, indent=2) if args.json else markdown(p))

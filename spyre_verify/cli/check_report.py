@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.scheduler import FINISH_REASONS
+from spyre_verify.checks.crash import tracebacks_of
 from spyre_verify.checks.violations import Checker
 from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
 from spyre_verify.workload import tokens_rule
@@ -19,10 +21,20 @@ def summary_of(c: Checker) -> dict[str, Any]:
     return c.report()
 
 
-def pass_summary(r: RunResult) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PassOutcome:
+    """A second serving pass, in brief and picklable: a worker process can run it."""
+
+    ok: bool
+    summary: dict[str, Any]  # the report's `per_sequence_pass`
+    tracebacks: list[str]  # the runtime's crashes, for the crash file
+    seconds: float
+
+
+def outcome_of(r: RunResult, seconds: float) -> PassOutcome:
     """A second serving pass, in brief: its verdict, violations and what it served."""
     coverage = summary_of(r.checker("dispatch-coverage")).get("coverage", {})
-    return {
+    summary = {
         "verdict": "pass" if r.ok else "fail",
         "env_overrides": r.config.env_overrides(),
         "warmup_graphs": r.warmup_graphs,
@@ -32,9 +44,10 @@ def pass_summary(r: RunResult) -> dict[str, Any]:
         "not_observed": r.not_observed,
         "error": r.error,
     }
+    return PassOutcome(r.ok, summary, tracebacks_of(r.checkers), seconds)
 
 
-def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | None = None) -> dict[str, Any]:
+def payload(result: RunResult, rows: list[KillRow] | None, per_seq: PassOutcome | None = None) -> dict[str, Any]:
     graph = summary_of(result.checker("graph-reuse"))
     coverage = summary_of(result.checker("dispatch-coverage")).get("coverage", {})
     output = result.checker("output-equivalence")
@@ -72,7 +85,7 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: RunResult | 
         "not_observed": result.not_observed,
         "control_calls": graph.get("controls", []),
         "controls": [r.to_dict() for r in rows] if rows is not None else None,
-        "per_sequence_pass": pass_summary(per_seq) if per_seq is not None else None,
+        "per_sequence_pass": per_seq.summary if per_seq is not None else None,
         "error": result.error,
     }
 
