@@ -1,5 +1,9 @@
 """The plugin's fixtures used the way a runtime team's own suite would use them."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from spyre_verify.oracle.reference import generate
@@ -21,17 +25,29 @@ def test_spyre_config_follows_the_command_line(spyre_config, pytestconfig) -> No
     assert spyre_config.device == pytestconfig.getoption("spyre_device")
 
 
-INNER_COMPILES = """
+# -- one inner suite, as a runtime team's: the SPYRE_* env, a compile inside graph_audit, a checker's
+# violation and an audit with its stance disabled. One subprocess for all four (each start pays
+# for importing torch and Dynamo): an in-process run would drop the torch modules it imported
+# first from sys.modules afterwards, and a later re-import in this worker breaks torch's registries.
+INNER = {
+    "test_env": """
+def test_fixtures_follow_the_env(spyre_config, spyre_engine):
+    assert spyre_config.kv_buckets == (8, 16) and spyre_config.batched_decode is False
+    assert spyre_config.backend == "eager"  # SPYRE_DYNAMO_BACKEND over --spyre-backend, as in the CLI
+    assert spyre_engine.bucketer.kv_blocks == (2, 4)
+    warm = spyre_engine.recorder.warm_set
+    assert {b.kernel for b in warm} == {"decode", "prefill"}  # batched decode is off
+    assert {b.key.kv_blocks for b in warm if b.kernel == "decode"} == {2, 4}
+""",
+    "test_compiles": """
 import torch
 
 def test_compiles_inside_the_audit(graph_audit):
     fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
     with graph_audit():
         fn(torch.ones(3))
-"""
-
-
-INNER_VIOLATES = """
+""",
+    "test_violates": """
 from spyre_verify import faults
 
 def test_padding_points_at_a_live_block(spyre_engine):
@@ -39,7 +55,30 @@ def test_padding_points_at_a_live_block(spyre_engine):
         for _ in range(3):
             spyre_engine.add_request([1, 2, 3, 4, 5], 4)
         spyre_engine.run_until_done()
-"""
+""",
+    "test_no_stance": """
+import contextlib
+
+from spyre_verify.checks import graph_reuse
+
+def test_audit_with_its_stance_disabled(spyre_engine, graph_audit, monkeypatch):
+    monkeypatch.setattr(graph_reuse, "serving_stance", contextlib.nullcontext)
+    with graph_audit(spyre_engine):
+        spyre_engine.add_request([1, 2, 3], 2)
+        spyre_engine.run_until_done()
+""",
+}
+SPYRE_ENV = {"SPYRE_ATTN_KV_BUCKETS": "8,16", "SPYRE_BATCHED_DECODE": "0", "SPYRE_DYNAMO_BACKEND": "eager"}
+
+
+@pytest.fixture(scope="module")
+def inner(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    where = tmp_path_factory.mktemp("inner")
+    for name, text in INNER.items():
+        (where / f"{name}.py").write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | SPYRE_ENV
+    argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "--spyre-backend", "aot_eager"]
+    return subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True, timeout=600)
 
 
 def failure_sections(text: str) -> dict[str, list[str]]:
@@ -57,40 +96,26 @@ def failure_sections(text: str) -> dict[str, list[str]]:
     return out
 
 
-def test_a_failing_plugin_test_shows_its_violation_first_and_no_trace_noise(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_inner=INNER_COMPILES, test_violates=INNER_VIOLATES)
-    # A subprocess: an in-process run would drop the torch modules it imported first from
-    # sys.modules afterwards, and a later re-import in this worker breaks torch's registries.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=2)
-    text = result.stdout.str()
-    assert "torch.__trace" not in text
-    sections = failure_sections(text)
+def test_fixtures_honour_the_spyre_env(inner: subprocess.CompletedProcess[str]) -> None:
+    assert "PASSED test_env.py::test_fixtures_follow_the_env" in inner.stdout.splitlines(), inner.stdout[-3000:]
+    assert "3 failed, 1 passed" in inner.stdout.splitlines()[-1]
+
+
+def test_a_failing_plugin_test_shows_its_violation_first_and_no_trace_noise(
+    inner: subprocess.CompletedProcess[str],
+) -> None:
+    assert "torch.__trace" not in inner.stdout
+    sections = failure_sections(inner.stdout)
     audit, padding = sections["test_compiles_inside_the_audit"], sections["test_padding_points_at_a_live_block"]
     assert any("a graph compiled inside the audited block" in line for line in audit[:20]), audit[:20]
     assert any("[padding-validity/live-padding]" in line for line in padding[:20]), padding[:20]
     assert any(line.startswith("reached from") and "run_until_done" in line for line in padding[:20])
 
 
-INNER_NO_STANCE = """
-import contextlib
-
-from spyre_verify.checks import graph_reuse
-
-def test_audit_with_its_stance_disabled(spyre_engine, graph_audit, monkeypatch):
-    monkeypatch.setattr(graph_reuse, "serving_stance", contextlib.nullcontext)
-    with graph_audit(spyre_engine):
-        spyre_engine.add_request([1, 2, 3], 2)
-        spyre_engine.run_until_done()
-"""
-
-
-def test_graph_audit_reports_itself_broken_when_its_stance_is_disabled(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_inner=INNER_NO_STANCE)
-    # A subprocess, as above.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
+def test_graph_audit_reports_itself_broken_when_its_stance_is_disabled(
+    inner: subprocess.CompletedProcess[str],
+) -> None:
+    out = "\n".join(failure_sections(inner.stdout)["test_audit_with_its_stance_disabled"])
     assert "graph_audit is broken: its control call through the engine's serving path was not refused" in out
 
 

@@ -1,8 +1,10 @@
-"""The plugin's start-up: the fixtures read the SPYRE_* env as the CLI does, bad options and
-env values stop pytest with a usage error before any test, and an empty shard exits 0.
+"""The plugin's start-up: bad options and env values stop pytest with a usage error before any
+test, and an empty shard exits 0. (The fixtures reading the SPYRE_* env: test_plugin_fixtures.py.)
 
-Every inner run is a subprocess: the inner suites import torch or compile, and an
-in-process rerun would break torch's registries in this worker.
+The inner runs are in-process: none builds an engine or compiles, and the torch and runtime
+modules their start-up imports were imported by this session's own start-up, so pytester's
+restore of sys.modules after each run drops none of them (a re-import would break torch's
+registries). A subprocess would pay for importing pytest's plugins and torch on every run.
 """
 
 from __future__ import annotations
@@ -10,26 +12,6 @@ from __future__ import annotations
 import pytest
 
 from spyre_verify.pytest_plugin import shard_of
-
-INNER_ENV = """
-def test_fixtures_follow_the_env(spyre_config, spyre_engine):
-    assert spyre_config.kv_buckets == (8, 16) and spyre_config.batched_decode is False
-    assert spyre_config.backend == "aot_eager"  # SPYRE_DYNAMO_BACKEND over --spyre-backend, as in the CLI
-    assert spyre_engine.bucketer.kv_blocks == (2, 4)
-    warm = spyre_engine.recorder.warm_set
-    assert {b.kernel for b in warm} == {"decode", "prefill"}  # batched decode is off
-    assert {b.key.kv_blocks for b in warm if b.kernel == "decode"} == {2, 4}
-"""
-
-
-def test_fixtures_honour_the_spyre_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPYRE_ATTN_KV_BUCKETS", "8,16")
-    monkeypatch.setenv("SPYRE_BATCHED_DECODE", "0")
-    monkeypatch.setenv("SPYRE_DYNAMO_BACKEND", "aot_eager")
-    pytester.makepyfile(test_inner=INNER_ENV)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--spyre-backend", "eager")
-    result.assert_outcomes(passed=1)
-
 
 INNER_ANY = """
 def test_config(spyre_config):
@@ -51,7 +33,7 @@ def test_a_bad_env_value_stops_pytest_at_start_up(
 ) -> None:
     monkeypatch.setenv(var, value)
     pytester.makepyfile(test_inner=INNER_ANY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str() and "the spyre_* fixtures' config" in result.stderr.str()
     assert "passed" not in result.stdout.str() and "error" not in result.stdout.str()
@@ -67,7 +49,7 @@ def test_a_bad_env_value_stops_pytest_at_start_up(
 )
 def test_a_bad_option_stops_pytest_at_start_up(pytester: pytest.Pytester, option: list[str], says: str) -> None:
     pytester.makepyfile(test_inner=INNER_ANY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *option)
+    result = pytester.runpytest("-p", "no:cacheprovider", *option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert says in result.stderr.str()
 
@@ -76,7 +58,7 @@ def test_cuda_is_refused_at_start_up_only_without_cuda(pytester: pytest.Pytester
     import torch
 
     pytester.makepyfile(test_inner=INNER_ANY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--spyre-device", "cuda")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--spyre-device", "cuda")
     if torch.cuda.is_available():
         result.assert_outcomes(passed=1)
     else:
@@ -94,17 +76,18 @@ MINE = shard_of("test_inner.py::test_one", SHARDS)
 EMPTY = (MINE + 1) % SHARDS
 
 
-@pytest.mark.parametrize("extra", [[], ["-n", "2"]], ids=["serial", "xdist"])
+# One xdist worker: the controller collects nothing itself either way, which is the point here.
+@pytest.mark.parametrize("extra", [[], ["-n", "1"]], ids=["serial", "xdist"])
 def test_an_empty_shard_of_a_non_empty_selection_exits_0_and_says_so(
     pytester: pytest.Pytester, extra: list[str]
 ) -> None:
     pytester.makepyfile(test_inner=INNER_ONE)
     shard = ["-p", "no:cacheprovider", f"--attn-shards={SHARDS}", *extra]
-    result = pytester.runpytest_subprocess(*shard, f"--attn-shard-id={EMPTY}")
+    result = pytester.runpytest(*shard, f"--attn-shard-id={EMPTY}")
     assert result.ret == pytest.ExitCode.OK
     expected = f"attn shard {EMPTY}/{SHARDS} is empty: none of the 1 selected tests falls to it; exit 0, not 5"
     assert expected in result.stdout.lines
-    result = pytester.runpytest_subprocess(*shard, f"--attn-shard-id={MINE}")
+    result = pytester.runpytest(*shard, f"--attn-shard-id={MINE}")
     result.assert_outcomes(passed=1)
     assert "is empty" not in result.stdout.str()
 
@@ -114,7 +97,7 @@ def test_an_empty_selection_still_exits_5_unless_empty_ok(pytester: pytest.Pytes
     # `-k` matching nothing verified nothing (a typo, say): not a pass unless asked for.
     pytester.makepyfile(test_inner=INNER_ONE)
     base = ["-p", "no:cacheprovider", "-k", "nothing_matches", *shards]
-    assert pytester.runpytest_subprocess(*base).ret == pytest.ExitCode.NO_TESTS_COLLECTED
-    result = pytester.runpytest_subprocess(*base, "--spyre-empty-ok")
+    assert pytester.runpytest(*base).ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result = pytester.runpytest(*base, "--spyre-empty-ok")
     assert result.ret == pytest.ExitCode.OK
     assert "no tests selected; --spyre-empty-ok: exit 0, not 5" in result.stdout.lines

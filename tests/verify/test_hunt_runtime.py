@@ -31,9 +31,16 @@ HERE = "tests.verify.test_hunt_runtime"
 ONE = (0, 0, 0, 0, 0)  # the draw every trace shrinks toward: one prompt of 1 token, max_tokens 1
 
 
-def hunt_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
+# Half the default sizes: 6 graphs to warm instead of 12, on every runtime a hunt builds. (Not
+# for stale-padding: at these sizes seed 0 needs about 280 examples to find it, not 50.)
+SMALL = ("--max-model-len", "8", "--max-num-seqs", "2")
+
+
+def hunt_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str, sizes: tuple[str, ...] = SMALL
+) -> tuple[int, dict[str, Any], str]:
     out = ["--out", str(tmp_path / "out"), "--database", str(tmp_path / "db"), "--json"]
-    rc = main(["hunt", "--runtime", FOREIGN, "--seed", "0", *out, *argv])
+    rc = main(["hunt", "--runtime", FOREIGN, "--seed", "0", *sizes, *out, *argv])
     captured = capsys.readouterr()
     return rc, json.loads(captured.out), captured.err
 
@@ -109,11 +116,11 @@ def test_a_foreign_fault_is_found_shrunk_and_reproduced(capsys: pytest.CaptureFi
 def test_padding_fault_is_loud_and_an_unobserved_fault_says_why(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    rc, p, _ = hunt_cli(capsys, tmp_path, "--examples", "200", "--fault", "stale-padding")
+    rc, p, _ = hunt_cli(capsys, tmp_path, "--examples", "200", "--fault", "stale-padding", sizes=())
     assert rc == 1 and p["findings"][0]["kind"] in ("bad-padding", "live-padding")
     # dynamic-shapes is graph-reuse's fault, which the hunt does not run: it says so, and here dispatch
     # coverage sees it anyway (the one dynamic graph compiled under another bucket's key).
-    assert main(["hunt", "--runtime", FOREIGN, "--seed", "0", "--examples", "20", "--fault", "dynamic-shapes",
+    assert main(["hunt", "--runtime", FOREIGN, "--seed", "0", *SMALL, "--examples", "20", "--fault", "dynamic-shapes",
                  "--out", str(tmp_path / "o2"), "--database", str(tmp_path / "db2")]) == 1  # fmt: skip
     out = capsys.readouterr().out
     assert "note: dynamic-shapes is judged by graph-reuse, which the protocol hunt does not run" in out
@@ -223,7 +230,9 @@ def kinds(hunt: ProtocolHunt, draws: list[tuple[int, int, int, int, int]]) -> li
 
 @pytest.fixture(scope="module")
 def config() -> Any:
-    return config_from_args(argparse.Namespace(), backend="eager")
+    # Half the default's sizes: each rule needs one short request, and every runtime built here
+    # (seven, with the rebuilds) compiles its warm plan, 6 graphs at this size instead of 12.
+    return config_from_args(argparse.Namespace(), backend="eager").with_(max_model_len=8, max_num_seqs=2)
 
 
 def test_each_rule_fails_on_a_runtime_that_breaks_it(config: Any) -> None:
