@@ -39,12 +39,15 @@ PINNED = [b for b in RB.BUGS if b.expect]
 
 
 # Each run is `python -m spyre_verify check ...` in a process forked from this one, which has imported
-# torch and Dynamo (never edited, and half of a run's CPU time) and nothing of ours: the child puts
-# its copy first on the path, checks that `runtime` and `spyre_verify` come from it, and runs the CLI.
+# torch, Dynamo and the other third-party modules a check loads (never edited, and over half of a
+# run's CPU time) and nothing of ours: the child puts its copy first on the path, checks that
+# `runtime` and `spyre_verify` come from it, and runs the CLI.
 FORKER = """
-import json, os, runpy, signal, sys, traceback
+import contextlib, importlib, json, os, runpy, signal, sys, traceback
 from pathlib import Path
-import torch, torch._dynamo
+for name in ("torch", "torch._dynamo", "functorch.compile", "networkx", "hypothesis", "redis"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(name)
 while line := sys.stdin.readline():
     root, args, err = json.loads(line)
     pid = os.fork()
