@@ -8,6 +8,7 @@ runtime lacks part of the protocol, is a `RuntimeSpecError` (exit 2) naming what
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -50,11 +51,18 @@ def project_runtimes(root: Path | None = None) -> dict[str, str]:
     return {str(k): str(v) for k, v in table.items()} if isinstance(table, dict) else {}
 
 
+@functools.cache  # scans every installed distribution: once per process (every command resolves a name)
+def installed() -> tuple[Named, ...]:
+    """The runtimes installed distributions name as entry points, in their order."""
+    eps = importlib.metadata.entry_points(group=GROUP)
+    return tuple(Named(ep.name, ep.value, f"entry point of {ep.dist.name if ep.dist else '?'}") for ep in eps)
+
+
 def known() -> list[Named]:
     """Every runtime that has a name: built in, installed (entry points), listed by the project."""
     out: dict[str, Named] = {}
-    for ep in importlib.metadata.entry_points(group=GROUP):
-        out.setdefault(ep.name, Named(ep.name, ep.value, f"entry point of {ep.dist.name if ep.dist else '?'}"))
+    for n in installed():
+        out.setdefault(n.name, n)
     out.setdefault(BUNDLED, Named(BUNDLED, BUNDLED_FACTORY, "built in"))  # also when run from a source tree
     for name, target in project_runtimes().items():
         out.setdefault(name, Named(name, target, "pyproject.toml [tool.spyre-verify.runtimes]"))

@@ -9,6 +9,7 @@ with one line on stderr and the traceback in `<out>/crash-<command>.txt`; an int
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.metadata
 import pkgutil
@@ -67,6 +68,7 @@ class _Parser(argparse.ArgumentParser):
         raise ParseError(self.prog, re.sub(r"^argument (\S+): (?=\1=)", "", message))
 
 
+@functools.cache  # read from installed metadata: fixed for the process, and slow (main() runs once per test)
 def version() -> str:
     def of(dist: str, fallback: str) -> str:
         try:

@@ -54,17 +54,36 @@ def run_hunt(tmp: Path, fault: str, *props: str) -> tuple[list[tuple[str, str, s
     return printed(done.stdout), json.loads((tmp / f"hunt-{fault}.json").read_text())
 
 
+Hunt = Callable[[str, tuple[str, ...]], tuple[list[tuple[str, str, str]], dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def hunted(tmp_path_factory: pytest.TempPathFactory) -> Hunt:
+    """`run_hunt`, each (fault, properties) hunted once for the module."""
+    done: dict[tuple[str, tuple[str, ...]], tuple[list[tuple[str, str, str]], dict[str, Any]]] = {}
+
+    def hunt(fault: str, props: tuple[str, ...]) -> tuple[list[tuple[str, str, str]], dict[str, Any]]:
+        if (fault, props) not in done:
+            done[fault, props] = run_hunt(tmp_path_factory.mktemp("hunt"), fault, *props)
+        return done[fault, props]
+
+    return hunt
+
+
+BUILDER = ("builder-own-ladder", ("ladders", "dispatch"))
+
+
 @pytest.mark.parametrize(
     ("fault", "props", "labels"),
     [
-        ("builder-own-ladder", ("ladders", "dispatch"), ["[ladders/ladder-divergence]", "[dispatch/key-mismatch]"]),
+        (*BUILDER, ["[ladders/ladder-divergence]", "[dispatch/key-mismatch]"]),
         ("over-pruned-warmup", ("warmup",), ["[warmup/missing-bucket]"]),
     ],
 )
 def test_pasted_reproducers_fail_with_the_same_violation(
-    tmp_path: Path, fault: str, props: tuple[str, ...], labels: list[str]
+    tmp_path: Path, hunted: Hunt, fault: str, props: tuple[str, ...], labels: list[str]
 ) -> None:
-    found, report = run_hunt(tmp_path, fault, *props)
+    found, report = hunted(fault, props)
     assert [headline.split("] ")[0] + "]" for headline, _, _ in found] == labels
     bodies = tmp_path / "bodies"
     bodies.mkdir()
@@ -90,10 +109,10 @@ def test_pasted_reproducers_fail_with_the_same_violation(
 
 
 def test_replay_without_the_fault_says_the_clean_runtime_holds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    hunted: Hunt, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    found, _ = run_hunt(tmp_path, "builder-own-ladder", "dispatch")
-    [(_, shell, _)] = found
+    found, _ = hunted(*BUILDER)  # the dispatch finding of the hunt above
+    [shell] = [shell for headline, shell, _ in found if headline.startswith("[dispatch/")]
     argv = shlex.split(shell)[1:]
     assert argv[-2:] == ["--fault", "builder-own-ladder"]
     assert main(argv[:-2]) == 0
