@@ -35,6 +35,8 @@ CONTROLS = ["mask-leak"]
 # L * S = 16, so that the volume rule is exercised there too.
 TINY = ["--max-model-len", "8", "--max-num-seqs", "2", "--num-blocks", "5", "--backend", "eager", "--requests", "6"]
 TINY += ["--max-batch-tkv-limit", "12"]
+# The default sizes, for the fault runs: the fault shows in the first steps, whatever the backend.
+QUICK = ["--backend", "eager", "--requests", "6"]
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +133,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 
 def test_live_block_padding_fault_exits_1_naming_the_block(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["check", "--fault", "live-block-padding", "--out", str(tmp_path)], capsys)
+    code, out, _ = run(["check", "--fault", "live-block-padding", *QUICK, "--out", str(tmp_path)], capsys)
     assert code == 1
     report = json.loads((tmp_path / "check-live-block-padding.json").read_text())
     assert report["fault"] == "live-block-padding" and report["verdict"] == "fail"
@@ -144,7 +146,7 @@ def test_live_block_padding_fault_exits_1_naming_the_block(tmp_path: Path, capsy
 def test_lazy_batched_kernel_exits_1_naming_a_batched_bucket(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, _ = run(["check", "--fault", "lazy-batched-kernel", "--out", str(tmp_path), "--json"], capsys)
+    code, _, _ = run(["check", "--fault", "lazy-batched-kernel", *QUICK, "--out", str(tmp_path), "--json"], capsys)
     assert code == 1
     report = json.loads((tmp_path / "check-lazy-batched-kernel.json").read_text())
     [dispatch] = [c for c in report["checks"] if c["name"] == "dispatch-coverage"]
@@ -155,7 +157,7 @@ def test_env_selects_the_fault(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(faults.FAULT_ENV, "out-of-pool-padding")
-    code, _, err = run(["check", "--backend", "eager", "--requests", "6", "--out", str(tmp_path)], capsys)
+    code, _, err = run(["check", *QUICK, "--out", str(tmp_path)], capsys)
     assert code == 1
     report = json.loads((tmp_path / "check-out-of-pool-padding.json").read_text())
     assert report["fault"] == "out-of-pool-padding"
