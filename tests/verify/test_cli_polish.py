@@ -23,6 +23,7 @@ from spyre_verify.cli.check_report import markdown
 from spyre_verify.cli.main import build_parser, main
 from spyre_verify.errors import UsageError
 from spyre_verify.report import table
+from tests.verify.shared_runs import cli_once
 
 TINY = ["--max-model-len", "8", "--max-num-seqs", "2", "--num-blocks", "5", "--backend", "eager", "--requests", "6"]
 TINY += ["--max-batch-tkv-limit", "12"]  # under L * S = 16, so the volume rule is exercised
@@ -177,8 +178,10 @@ def test_ladders_and_check_share_one_default_config(capsys: pytest.CaptureFixtur
     assert "block_size=8 max_model_len=16 max_num_seqs=4 pool=9 blocks" in capsys.readouterr().out
 
 
-def test_check_and_controls_end_with_a_verdict_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["check", *TINY, "--no-controls", "--out", str(tmp_path)], capsys)
+def test_check_and_controls_end_with_a_verdict_line(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli_once(["check", *TINY, "--no-controls"], tmp_path_factory)  # test_check_cli's run too
     last = err.strip().splitlines()[-1]
     assert code == 0 and last.startswith("[spyre-verify] check PASS: 0 violations, served ")
     code, _, err = run(["controls", *TINY, "--fault", "mask-leak"], capsys)
