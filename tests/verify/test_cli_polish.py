@@ -23,6 +23,7 @@ from spyre_verify.cli.check_report import markdown
 from spyre_verify.cli.main import build_parser, main
 from spyre_verify.errors import UsageError
 from spyre_verify.report import table
+from tests.verify.shared_runs import cli_once
 
 TINY = ["--max-model-len", "8", "--max-num-seqs", "2", "--num-blocks", "5", "--backend", "eager", "--requests", "6"]
 TINY += ["--max-batch-tkv-limit", "12"]  # under L * S = 16, so the volume rule is exercised
@@ -173,12 +174,14 @@ def test_ladders_and_check_share_one_default_config(capsys: pytest.CaptureFixtur
     assert main(["ladders"]) == 0
     assert "block_size=4 max_model_len=16 max_num_seqs=4 pool=8 blocks" in capsys.readouterr().out
     # A size flag replaces its own default; the pool then is the runtime's, as on every command.
-    assert main(["ladders", "--max-model-len", "64"]) == 0
-    assert "block_size=4 max_model_len=64 max_num_seqs=4 pool=65 blocks" in capsys.readouterr().out
+    assert main(["ladders", "--block-size", "8"]) == 0  # a small walk: a long max_model_len costs seconds
+    assert "block_size=8 max_model_len=16 max_num_seqs=4 pool=9 blocks" in capsys.readouterr().out
 
 
-def test_check_and_controls_end_with_a_verdict_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["check", *TINY, "--no-controls", "--out", str(tmp_path)], capsys)
+def test_check_and_controls_end_with_a_verdict_line(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli_once(["check", *TINY, "--no-controls"], tmp_path_factory)  # test_check_cli's run too
     last = err.strip().splitlines()[-1]
     assert code == 0 and last.startswith("[spyre-verify] check PASS: 0 violations, served ")
     code, _, err = run(["controls", *TINY, "--fault", "mask-leak"], capsys)
@@ -227,7 +230,8 @@ def test_ctrl_c_while_soaking_writes_the_counts_so_far(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(spyre_verify.soak, "drive", interrupt)  # after warmup, at the first step
-    code, _, err = run(["soak", "--backend", "eager", "--requests", "5", "--out", str(tmp_path)], capsys)
+    argv = ["soak", "--max-model-len", "8", "--max-num-seqs", "2", "--backend", "eager", "--requests", "5"]
+    code, _, err = run([*argv, "--out", str(tmp_path)], capsys)
     assert code == 130 and err.strip().splitlines()[-1].startswith("spyre-verify soak: interrupted; partial report")
     p = json.loads((tmp_path / "soak.json").read_text())
     assert (p["interrupted"], p["verdict"]) == (True, "interrupted") and "interrupted (Ctrl-C)" in p["error"]

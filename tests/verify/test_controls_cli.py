@@ -1,10 +1,13 @@
 """`spyre-verify controls --json`: the clean run is quiet and every fault in the catalog is
 caught by the checker it names, on both layouts.
 
-The whole catalog runs once per layout for this module, on the main job's default config (the
-ragged one with a budget of 8, so prompts split) but with the `eager` backend: the checkers observe Dynamo's guards and the recording backend's
-graphs, which are the same for every backend, and eager halves the run (~22 s of CPU
-instead of ~43 s with aot_eager)."""
+The whole catalog runs once per layout for this module with the `eager` backend (the checkers
+observe Dynamo's guards and the recording backend's graphs, the same for every backend), on small
+configs that still seed and catch every fault: block_size 2, max_model_len 8, two sequences (ten
+graphs padded; eight ragged, where prompts split under a budget of 4). A fault run is mostly its
+warmup, so the graph count is the cost: the default config's fifteen and twelve cost twice this.
+Smaller loses faults: max_model_len 6 lets recompile-limit-from-kv-ladder through, block_size 4
+builder-own-ladder. The default config's own kill table runs in the gate's `check` env."""
 
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from spyre_verify.cli.main import main
-from spyre_verify.defaults import CHECK_DEFAULTS
 from spyre_verify.faults import CATALOG, catalog_for
 from spyre_verify.report import SCHEMA_VERSION
 
@@ -32,23 +34,27 @@ ENV_VARS = (
 )
 # A violation names where it happened: a bucket such as decode(2,) or a block id.
 WHERE = re.compile(r"\b(decode|batched|prefill|attend|chunked)\(\d[^)]*\)|\bblock \d+")
-LAYOUT_FLAGS = {"padded": [], "ragged": ["--layout", "ragged", "--max-num-batched-tokens", "8"]}
+SIZES = {"block_size": 2, "max_model_len": 8, "max_num_seqs": 2}
+# Padded: a volume limit under L * S = 16, so that volume-unchecked has a limit to go over.
+LAYOUT = {"padded": {"max_batch_tkv_limit": 12}, "ragged": {"layout": "ragged", "max_num_batched_tokens": 4}}
+
+
+def flags(layout: str) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in {**SIZES, **LAYOUT[layout]}.items()]
 
 
 def seeded(layout: str) -> dict[str, str]:
-    """The faults `controls` seeds on the layout's default config: every fault that can show there."""
-    sizes = {k: v for k, v in CHECK_DEFAULTS.items() if k != "backend"}
-    extra = {"layout": "ragged", "max_num_batched_tokens": 8} if layout == "ragged" else {"max_batch_tkv_limit": 28}
-    return catalog_for(RuntimeConfig(**sizes, **extra))
+    """The faults `controls` seeds on the layout's config: every fault that can show there."""
+    return catalog_for(RuntimeConfig(**SIZES, **LAYOUT[layout]))
 
 
-@pytest.fixture(scope="module", params=sorted(LAYOUT_FLAGS))
+@pytest.fixture(scope="module", params=sorted(LAYOUT))
 def kill_table(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any], str, str]:
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         for name in ENV_VARS:
             mp.delenv(name, raising=False)
-        code = main(["controls", "--json", "--backend", "eager", *LAYOUT_FLAGS[request.param]])
+        code = main(["controls", "--json", "--backend", "eager", *flags(request.param)])
     return code, json.loads(out.getvalue()), err.getvalue(), request.param
 
 

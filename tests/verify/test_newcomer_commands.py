@@ -1,20 +1,26 @@
-"""Issue 14's malformed commands (defects 3, 4, 9 and 10), run as a script in a subprocess:
-each exits 2 with one stderr line naming its input, nothing is written, and no traceback.
+"""Issue 14's malformed commands (defects 3, 4, 9 and 10), run as a script: each exits 2 with
+one stderr line naming its input, nothing is written, and no traceback.
 
 SCRIPT is a shell script (paste it into a shell in an empty directory holding a file FILE);
-the trailing comment of each line is what its error line must say. The subprocess runs
-every line through `spyre_verify.cli.main.main` in one interpreter, so the whole script
-pays torch's import once: each command fails on its input, before any work.
+the trailing comment of each line is what its error line must say. Each line runs through
+`spyre_verify.cli.main.main` in this process, in such a directory, with its own environment
+and no other SPYRE_ variable: each command fails on its input, before any work. (A fresh
+interpreter cost a torch import; test_cli_fast_errors is the one that needs one.)
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from spyre_verify.cli.main import main
 
 SCRIPT = """
 spyre-verify check --out FILE  # spyre-verify check: error: --out=FILE: is a file, not a directory
@@ -41,26 +47,6 @@ SPYRE_ATTN_KV_BUCKETS=2048,512 spyre-verify ladders --block-size 64 --max-model-
 spyre-verify hunt --database FILE  # spyre-verify hunt: error: --database=FILE: is a file, not a directory
 """
 
-DRIVER = """
-import contextlib, io, json, os, sys
-from spyre_verify.cli.main import main
-
-results = []
-for env, argv in json.load(sys.stdin):
-    before = dict(os.environ)
-    os.environ.update(env)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    os.environ.clear()
-    os.environ.update(before)
-    results.append({"code": code, "out": out.getvalue(), "err": err.getvalue()})
-json.dump(results, sys.stdout)
-"""
-
 
 def parse(script: str) -> list[tuple[dict[str, str], list[str], str]]:
     """(env, argv after `spyre-verify`, expected text) per line of the script."""
@@ -73,28 +59,27 @@ def parse(script: str) -> list[tuple[dict[str, str], list[str], str]]:
     return cases
 
 
-def test_the_newcomers_bad_commands_fail_on_input_with_one_line(tmp_path: Path) -> None:
+def test_the_newcomers_bad_commands_fail_on_input_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "FILE").write_text("a file, not a directory")
-    cases = parse(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPYRE_", "HYPOTHESIS_PROFILE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER],
-        input=json.dumps([(e, argv) for e, argv, _ in cases]),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    results = json.loads(proc.stdout)
-    for (_, argv, expected), r in zip(cases, results, strict=True):
-        shown = f"spyre-verify {shlex.join(argv)}: exit {r['code']}, stderr {r['err']!r}"
-        assert r["code"] == 2 and r["out"] == "", shown
-        assert r["err"].count("\n") == 1 and "Traceback" not in r["err"], shown
-        assert r["err"].startswith(f"spyre-verify {argv[0]}: error: ") and r["err"].count("spyre-verify") == 1, shown
-        assert expected in r["err"], shown
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SPYRE_")]:
+        monkeypatch.delenv(name)
+    for env, argv, expected in parse(SCRIPT):
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            for k, v in env.items():
+                mp.setenv(k, v)
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code
+        shown = f"spyre-verify {shlex.join(argv)}: exit {code}, stderr {err.getvalue()!r}"
+        assert code == 2 and out.getvalue() == "", shown
+        assert err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue(), shown
+        assert err.getvalue().startswith(f"spyre-verify {argv[0]}: error: "), shown
+        assert err.getvalue().count("spyre-verify") == 1 and expected in err.getvalue(), shown
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]  # no report, crash file or database made
 
 

@@ -10,14 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from spyre_verify import crowds
 from spyre_verify.cli.main import main
 from spyre_verify.runtimes import ENV_RUNTIME
+from tests.verify.shared_runs import cli_once
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Verify your own runtime"
 # Fast backends for the gate; every command takes --backend and the README's audit names its own.
 EAGER = ["--backend", "eager"]
-OUT_COMMANDS = ("check", "hunt", "audit")  # controls writes no report
+OUT_COMMANDS = ("hunt", "audit")  # controls writes no report; check's run is shared (below)
+# The walk proves that each command runs as written and passes; depth is other tests' part. The hunt
+# keeps 30 of its 300 examples (test_hunt_runtime hunts this runtime for 60), and controls and audit
+# 5 of the crowd traffic's 50 hunt traces: the crowds serve every warm bucket and catch each fault,
+# and the check run keeps all 50.
+FEWER = {"hunt": ["--examples", "30"]}
 
 
 def section() -> str:
@@ -46,13 +53,19 @@ def test_the_walk_names_every_command_the_issue_asks_for() -> None:
 
 @pytest.mark.parametrize("argv", commands(), ids=lambda a: a[1])
 def test_each_command_of_the_walk_passes_on_the_foreign_runtime(
-    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    argv: list[str], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv(ENV_RUNTIME, raising=False)
     args = argv[1:]
     if "--backend" not in args and args[0] != "runtimes":
         args += EAGER
+    if args[0] == "check":  # the same run as test_runtimes' check of this runtime
+        assert cli_once(args, tmp_path_factory)[0] == 0, argv
+        return
+    if args[0] in ("controls", "audit"):
+        monkeypatch.setattr(crowds, "EXAMPLES", 5)
+    args += FEWER.get(args[0], [])
     if args[0] in OUT_COMMANDS:
         args += ["--out", str(tmp_path)]
     assert main(args) == 0, argv
@@ -62,9 +75,7 @@ def test_its_conftest_aims_the_plugin_fixtures_at_the_runtime(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     [conftest] = blocks("python")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the walk's factory lives in this repository's tests/
-    for name in ("COVERAGE_PROCESS_START", "COV_CORE_SOURCE", ENV_RUNTIME):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(ENV_RUNTIME, raising=False)
     pytester.makeconftest(conftest)
     pytester.makepyfile(
         """
@@ -76,7 +87,9 @@ def test_its_conftest_aims_the_plugin_fixtures_at_the_runtime(
             assert dispatch_log.events and len(spyre_engine.finished) == 1
         """
     )
-    result = pytester.runpytest_subprocess(
+    # In this process: a fresh pytest loads the plugin from its entry point all the same, without a
+    # second interpreter's torch import (most of the cost).
+    result = pytester.runpytest_inprocess(
         "-p", "no:cacheprovider", "--spyre-backend", "eager", "--rootdir", str(pytester.path)
     )
     result.assert_outcomes(passed=1)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from spyre_verify import crowds
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
@@ -28,9 +29,12 @@ from spyre_verify.runtimes import (
     project_runtimes,
     resolve_name,
 )
+from tests.verify.shared_runs import cli_once
 
 FOREIGN = "tests.foreign.engine:make"
 ROOT = Path(__file__).resolve().parents[2]
+# The README walk's check of this runtime, flag for flag (test_own_runtime_readme): one run serves both.
+FOREIGN_CHECK = ["check", "--runtime", FOREIGN, "--no-controls", "--backend", "eager"]
 
 
 @pytest.fixture
@@ -188,9 +192,10 @@ def test_ladders_shows_another_runtimes_own_ladders(in_root: None, capsys: pytes
     assert "decode(4, 4)" in payload["warm_plan"]["decode"]
 
 
-def test_check_on_the_foreign_runtime_reports_what_did_not_run(in_root: None, tmp_path: Path) -> None:
-    assert main(["check", "--runtime", FOREIGN, "--backend", "eager", "--no-controls", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "check.json").read_text())
+def test_check_on_the_foreign_runtime_reports_what_did_not_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    code, out, _ = cli_once(FOREIGN_CHECK, tmp_path_factory)
+    assert code == 0
+    report = json.loads((out / "check.json").read_text())
     assert report["runtime"] == "foreign" and report["verdict"] == "pass"
     assert report["per_sequence_pass"] == {
         "verdict": "not run",
@@ -210,18 +215,22 @@ def test_a_module_that_raises_on_import_is_bad_input(user_module: str, capsys: p
 
 
 def test_a_run_without_graph_reuse_verified_too_little(
-    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    argv = ["check", "--runtime", f"{user_module}:bare", "--backend", "eager", "--no-controls", "--out", str(tmp_path)]
-    assert main(argv) == 1
+    monkeypatch.setattr(crowds, "EXAMPLES", 5)  # the verdict comes after traffic: any that passes will do
+    argv = ["check", "--runtime", f"{user_module}:bare", "--backend", "eager", "--no-controls", "--requests", "6"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["verdict"] == "fail" and report["error"].startswith("verified too little: graph-reuse did not run")
     assert {c["name"] for c in report["checks"] if c["status"] == "not run"} >= {"graph-reuse", "padding-validity"}
 
 
 def test_a_runtime_without_faults_has_its_controls_not_run(
-    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main(["check", "--runtime", f"{user_module}:no_faults", "--backend", "eager", "--out", str(tmp_path)]) == 0
+    # What is at stake comes after the clean run, which needs only to pass: a short one will do.
+    monkeypatch.setattr(crowds, "EXAMPLES", 5)
+    argv = ["check", "--runtime", f"{user_module}:no_faults", "--backend", "eager", "--requests", "6"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "check.json").read_text())["controls"] is None
     assert "fault catalog not run: the foreign runtime ships no faults()" in capsys.readouterr().err
