@@ -1,4 +1,5 @@
-"""The engine end to end: seeded random workloads, admission limits, and a silent event bus."""
+"""The engine end to end: seeded random workloads served by the graphs warmup compiled and
+matching the reference, admission limits, and a silent event bus."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import torch
 import runtime.compiler
 import runtime.engine
 import runtime.events
+from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from runtime.events import EventBus
+from runtime.events import SERVING, EventBus
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
 
@@ -105,62 +107,108 @@ def assert_drained(engine: Engine) -> None:
     assert engine.pool.allocated() == {}
 
 
+class DispatchLog:
+    def __init__(self) -> None:
+        self.buckets: list[Bucket] = []
+        self.rows: list[int] = []
+
+    def on_dispatch(self, event) -> None:
+        self.buckets.append(event.bucket)
+        self.rows.append(event.batch.num_seqs)
+
+
+def assert_served_by_warm_graphs(engine: Engine, log: DispatchLog) -> None:
+    """Staging buffers keep every call of a bucket guard-identical: serving compiled nothing, and
+    every call hit the graph warmup compiled for its bucket."""
+    warm = engine.bucketer.warm_set()
+    assert set(log.buckets) <= warm
+    kernels = {PREFILL, DECODE, BATCHED} if engine.bucketer.buckets(BATCHED) else {PREFILL, DECODE}
+    assert {b.kernel for b in log.buckets} == kernels, "the workload exercises every kernel warmup compiled"
+    for kernel, runner in engine.attention.runners.items():
+        assert runner.phase == SERVING
+        assert [c for c in runner.compiles if c.phase == SERVING] == [], kernel
+        assert runner.calls == runner.hits, f"{kernel}: calls without a graph hit ran eagerly"
+        # Warmup calls each warm bucket once; serving calls a dispatched bucket once per layer,
+        # and the per-sequence kernel once per row of the batch.
+        served = sum(
+            n if kernel == DECODE else 1 for b, n in zip(log.buckets, log.rows, strict=True) if b.kernel == kernel
+        )
+        warmed = sum(1 for b in warm if b.kernel == kernel)
+        assert sum(runner.calls.values()) == warmed + engine.config.model.num_layers * served
+
+
 # PagedAttention.decode runs the per-sequence kernel once, on row 0 only, whatever
 # the number of running rows: with batched decode off, two rows crash the model.
 
+SIXTEEN = SMALL.with_(max_model_len=16)
 CONFIGS = [
     pytest.param(SMALL, 0, id="default"),
-    pytest.param(SMALL, 1, id="default-seed1"),
-    pytest.param(SMALL.with_(backend="aot_eager", max_model_len=16), 2, id="aot-eager"),
-    pytest.param(SMALL.with_(kv_buckets=(8, 24, 32)), 3, id="kv-override"),
-    pytest.param(SMALL.with_(num_blocks=10), 4, id="tight-pool"),
-    pytest.param(SMALL.with_(max_num_seqs=2, max_model_len=16), 5, id="two-seqs"),
-    pytest.param(SMALL.with_(max_num_seqs=1, max_model_len=16), 6, id="one-seq"),
-    pytest.param(SMALL.with_(batched_decode=False, max_model_len=16), 7, id="no-batched"),
-    pytest.param(SMALL.with_(min_batched_seqs=3), 8, id="min-batched-3"),
+    pytest.param(SIXTEEN.with_(max_num_seqs=2, backend="aot_eager"), 2, id="two-seqs-aot-eager"),
+    pytest.param(SIXTEEN.with_(kv_buckets=(8, 12, 16)), 3, id="kv-override"),  # 12: a rung off the powers of two
+    # 9 usable blocks: requests wait for blocks even while a slot is free; batched from 3 rows.
+    pytest.param(SIXTEEN.with_(num_blocks=10, min_batched_seqs=3), 4, id="tight-pool-min-batched-3"),
+    pytest.param(SIXTEEN.with_(max_num_seqs=1), 6, id="one-seq"),
+    pytest.param(SIXTEEN.with_(max_num_seqs=3, batched_decode=False), 7, id="no-batched"),
 ]
 
 
 @pytest.mark.parametrize(("config", "seed"), CONFIGS)
-def test_random_workload_matches_reference(config: RuntimeConfig, seed: int) -> None:
+def test_warmed_engine_serves_a_random_workload_like_the_reference_without_compiling(
+    config: RuntimeConfig, seed: int
+) -> None:
     engine = Engine(config)
     engine.subscribe(Invariants(engine))
-    work = random_workload(engine, seed)
+    engine.warmup()
+    warm = engine.bucketer.warm_set()
+    compiled = Counter(e.bucket for e in engine.recorder.events)
+    assert set(compiled) == warm and engine.recorder.warm_set == warm
+    assert all(n == 1 for n in compiled.values()), f"buckets compiled more than once: {compiled}"
+    log = DispatchLog()
+    engine.subscribe(log)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        work = random_workload(engine, seed)
     assert_matches_reference(engine, work.requests)
     assert_drained(engine)
+    assert_served_by_warm_graphs(engine, log)
     if config.num_blocks is not None:
-        # 9 usable blocks: requests wait for blocks even while a slot is free.
         assert work.held_back > 0
+    if config.min_batched_seqs > 2:
+        assert min(n for b, n in zip(log.buckets, log.rows, strict=True) if b.kernel == BATCHED) >= 3
 
 
 # -- admission limits ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("p", "max_tokens"), [(5, 25), (32, 1), (29, 4), (1, 29), (8, 25)])
-def test_never_fitting_request_is_rejected_and_changes_nothing(p: int, max_tokens: int) -> None:
-    # ceil(p / 4) * 4 + max_tokens > 32 for each case.
+def test_never_fitting_request_is_rejected_and_changes_nothing() -> None:
     engine = Engine(SMALL)
     engine.add_request([1, 2, 3, 4, 5], 6)
     engine.add_request([7], 3)
     for _ in range(3):
         engine.step()
     before, outputs = engine.scheduler.snapshot(), {k: list(v) for k, v in engine.outputs.items()}
-    with pytest.raises(RequestError, match="never fit"):
-        engine.add_request(list(range(p)), max_tokens)
-    assert engine.scheduler.snapshot() == before
-    assert engine.outputs == outputs
+    # ceil(p / 4) * 4 + max_tokens > 32 for each case; each is refused from the same mid-run state.
+    for p, max_tokens in [(5, 25), (32, 1), (29, 4), (1, 29), (8, 25)]:
+        with pytest.raises(RequestError, match="never fit"):
+            engine.add_request(list(range(p)), max_tokens)
+        assert engine.scheduler.snapshot() == before, (p, max_tokens)
+        assert engine.outputs == outputs, (p, max_tokens)
     engine.run_until_done()
     assert_drained(engine)
 
 
-@pytest.mark.parametrize(("p", "max_tokens"), [(5, 24), (25, 4), (28, 4), (1, 28)])
-def test_request_that_exactly_fits_runs_to_the_end(p: int, max_tokens: int) -> None:
-    # ceil(p / 4) * 4 + max_tokens == 32: accepted, and its last decode writes position 30.
-    engine = Engine(SMALL)
-    requests = {"long": ([(7 * i) % 128 for i in range(p)], max_tokens), "short": ([3, 1, 4], 2)}
-    for rid, (prompt, mt) in requests.items():
-        engine.add_request(prompt, mt, request_id=rid)
-    engine.run_until_done()
-    assert_matches_reference(engine, requests)
-    assert_drained(engine)
+def test_request_that_exactly_fits_runs_to_the_end() -> None:
+    # ceil(p / 4) * 4 + max_tokens == 32: accepted, and its last decode writes position 30. One
+    # engine runs the cases one after another, each from an empty engine (drained in between).
+    engine, requests = Engine(SMALL), {}
+    for p, max_tokens in [(5, 24), (25, 4), (28, 4), (1, 28)]:
+        case = {
+            f"long-{p}": ([(7 * i) % 128 for i in range(p)], max_tokens),
+            f"short-{p}": ([3, 1, 4], 2),
+        }
+        for rid, (prompt, mt) in case.items():
+            engine.add_request(prompt, mt, request_id=rid)
+        engine.run_until_done()
+        requests |= case
+        assert_matches_reference(engine, requests)
+        assert_drained(engine)
 
 
 # -- the event bus is free when nobody listens --------------------------------------------------------
@@ -228,7 +276,6 @@ def test_an_event_kind_nobody_handles_is_not_built() -> None:
     obs = DispatchOnly()
     engine.subscribe(obs)
     assert engine.events.wants("dispatch") and not engine.events.wants("token")
-    engine.warmup()
     engine.add_request([1, 2, 3], 3)
     engine.run_until_done()
     assert obs.seen == engine.steps

@@ -10,7 +10,9 @@ from runtime.events import SERVING
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
 
-# Six buckets (decode 1, 2; batched (2, 1) and (2, 2); prefill 4, 8) at ~5 s a graph.
+# Six buckets (decode 1, 2; batched (2, 1) and (2, 2); prefill 4, 8) at ~5 s a graph. The suite's
+# one inductor run; keep it on tox's `audit` config: the graphs it compiles into the shared
+# inductor cache are the ones the audit env then finds there.
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="inductor")
 
 

@@ -1,12 +1,15 @@
 """`spyre-verify audit`: the clean audit passes with every bucket the walk reaches hit; the
 four graph-reuse faults and over-pruning (of warmup or of the bucketer) fail naming a
-bucket; the heatmaps are real PNGs; the CUDA and no-matplotlib paths degrade with one line."""
+bucket; the heatmaps are real PNGs; the CUDA and no-matplotlib paths degrade with one line.
+
+Eager throughout: the audit's verdict rests on Dynamo's guards, which eager goes through. The
+inductor audit is the tox `audit` env (this CLI on the tiny config); the suite's one inductor
+run is tests/e2e/test_inductor_smoke.py."""
 
 from __future__ import annotations
 
 import builtins
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,14 @@ ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKE
 # Eager goes through the same Dynamo guards as aot_eager, at half the compile cost.
 DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 TINY_FLAGS = ["--block-size", "4", "--max-model-len", "8", "--max-num-seqs", "2"]
-# The fault, the verdict condition it must break, and the status its buckets must get.
+TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+# The fault, the verdict condition it must break, the status its buckets must get, and the smallest
+# config where it does: the recompile limit is only reached with DEFAULT's sixteen graphs.
 FAULTS = {
-    "fresh-tensor-recorder": ("zero_compiles_after_warmup", "recompiled"),
-    "lazy-batched-kernel": ("every_reachable_bucket_hit", "missed"),
-    "recompile-limit-fallback": ("calls_equal_graph_hits", "missed"),
-    "dynamic-shapes": ("every_reachable_bucket_hit", "foreign-graph"),
+    "fresh-tensor-recorder": ("zero_compiles_after_warmup", "recompiled", TINY),
+    "lazy-batched-kernel": ("every_reachable_bucket_hit", "missed", TINY),
+    "recompile-limit-fallback": ("calls_equal_graph_hits", "missed", DEFAULT),
+    "dynamic-shapes": ("every_reachable_bucket_hit", "foreign-graph", TINY),
 }
 
 
@@ -54,7 +59,7 @@ def test_default_audit_passes_with_every_reachable_bucket_hit(
 ) -> None:
     from matplotlib.image import imread
 
-    rc, p, _ = audit_cli(capsys, ["--device", "cpu", "--backend", "aot_eager", "--out", str(tmp_path)])
+    rc, p, _ = audit_cli(capsys, ["--device", "cpu", "--backend", "eager", "--out", str(tmp_path)])
     assert (rc, p["verdict"], p["failures"]) == (0, "pass", [])
     assert all(p["conditions"].values())
     assert (p["config"]["block_size"], p["config"]["max_model_len"], p["config"]["total_blocks"]) == (4, 16, 8)
@@ -67,7 +72,7 @@ def test_default_audit_passes_with_every_reachable_bucket_hit(
         assert b["compile_seconds"] > 0 and b["replay_median_us"] > 0, b
     assert [c["detected"] for c in p["controls"]] == [True, True]
     assert {c["name"] for c in p["controls"]} == {"size-between-rungs", "foreign-stride"}
-    assert p["environment"]["device"] == "cpu" and p["environment"]["backend"] == "aot_eager"
+    assert p["environment"]["device"] == "cpu" and p["environment"]["backend"] == "eager"
     assert json.loads((tmp_path / "audit.json").read_text())["verdict"] == "pass"
     assert (tmp_path / "audit.md").read_text().startswith("# spyre-verify audit: PASS")
     assert p["heatmaps"] == ["audit-decode.png", "audit-batched.png"]
@@ -78,8 +83,8 @@ def test_default_audit_passes_with_every_reachable_bucket_hit(
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_graph_reuse_faults_fail_and_name_the_bucket(fault: str) -> None:
-    condition, status = FAULTS[fault]
-    config, seams = faults.get(fault).apply(DEFAULT)
+    condition, status, base = FAULTS[fault]
+    config, seams = faults.get(fault).apply(base)
     p = payload(run_audit(config, seams, replays=2, fault=fault))
     assert p["verdict"] == "fail" and p["conditions"][condition] is False
     named = [b["bucket"] for b in p["buckets"] if b["status"] == status]
@@ -90,7 +95,7 @@ def test_graph_reuse_faults_fail_and_name_the_bucket(fault: str) -> None:
 
 
 def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    config = TINY
     good = coverage_scenarios(config)
     real_add = Engine.add_request
 
@@ -114,7 +119,7 @@ def test_a_scenario_that_crashes_is_reported_and_the_audit_still_finishes(monkey
 
 
 def test_a_warmup_that_crashes_fails_the_audit_with_a_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    config = TINY
 
     def broken(self: Engine, progress: Any = None) -> None:
         raise RuntimeError("kernel table corrupted")
@@ -153,7 +158,7 @@ def test_a_bucketer_that_prunes_a_reachable_bucket_fails_the_audit(monkeypatch: 
         )
 
     monkeypatch.setattr(SpyreAttnBucketer, "_why_not_batched", over_prune)
-    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
+    config = TINY
     assert top not in SpyreAttnBucketer(config).warm_set()
     p = payload(run_audit(config, replays=1))
     assert p["verdict"] == "fail" and p["conditions"]["every_reachable_bucket_hit"] is False
@@ -213,18 +218,6 @@ def test_bad_replays_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> Non
     assert (
         capsys.readouterr().err.strip() == "spyre-verify audit: error: --replays=0: must be an integer from 1 to 100000"
     )
-
-
-@pytest.mark.inductor
-def test_inductor_smoke_audit_on_a_tiny_config() -> None:
-    # Six buckets and two controls at ~5 s a graph on CPU: about 40 s.
-    config = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="inductor")
-    t0 = time.perf_counter()
-    p = payload(run_audit(config, replays=3))
-    assert p["verdict"] == "pass", p["failures"]
-    assert p["totals"]["reachable"] == p["totals"]["hit"] == 6
-    assert p["environment"]["backend"] == "inductor"
-    assert time.perf_counter() - t0 < 300
 
 
 @pytest.mark.device

@@ -37,17 +37,17 @@ def audit(capsys: pytest.CaptureFixture[str], tmp_path: Path, *argv: str) -> tup
 def test_the_foreign_runtime_passes_with_every_planned_bucket_hit(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # A pool that holds a full batch of the longest requests (4 x 4 blocks + the null block): the
-    # embedded default's 8 blocks make long crowds queue.
-    rc, p, err = audit(capsys, tmp_path, "--num-blocks", "17")
+    # Size flags give the runtime's own pool, which holds a full batch of the longest requests
+    # (the embedded default's 8 blocks make long crowds queue); two rungs a ladder are enough.
+    rc, p, err = audit(capsys, tmp_path, "--max-model-len", "8", "--max-num-seqs", "2")
     assert (rc, p["verdict"], p["failures"]) == (0, "pass", []) and all(p["conditions"].values())
     assert p["runtime"]["name"] == "foreign" and p["runtime"]["design_contract"] is False
     assert set(p["not_run"]) == {"reachable_set", "coverage_traffic", "heatmaps"} and p["heatmaps"] == []
     assert "heatmaps not run" in err and not list(tmp_path.glob("*.png"))
     assert p["reachable_method"] == "not run" and p["expected_ladders"] == {}
-    assert p["ladders"] == {"batch": [1, 2, 4], "blocks": [1, 2, 4]}
+    assert p["ladders"] == {"batch": [1, 2], "blocks": [1, 2]}
     planned = [b for b in p["buckets"] if b["planned"]]
-    assert len(planned) == len(p["buckets"]) == 12  # 3 batch rungs x 3 block rungs of decode, 3 of prefill
+    assert len(planned) == len(p["buckets"]) == 6  # 2 batch rungs x 2 block rungs of decode, 2 of prefill
     for b in planned:
         assert b["status"] == "hit" and b["warmup_graphs"] == 1 and b["own_hits"] == b["calls"] > 0, b
         assert b["preflight"] == "graph" and b["compiles_after_warmup"] == 0, b
@@ -58,7 +58,9 @@ def test_the_foreign_runtime_passes_with_every_planned_bucket_hit(
 
 
 def test_a_graph_reuse_fault_of_the_runtime_fails_the_audit(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc, p, _ = audit(capsys, tmp_path, "--fault", "dynamic-shapes")
+    # The smallest config where the fault both leaves a planned bucket uncompiled and serves another
+    # from a foreign graph (at max_num_seqs 2 it only does the second).
+    rc, p, _ = audit(capsys, tmp_path, "--fault", "dynamic-shapes", "--max-model-len", "8", "--max-num-seqs", "4")
     assert (rc, p["verdict"], p["fault"]) == (1, "fail", "dynamic-shapes")
     assert p["conditions"]["warm_plan_compiled_once"] is False and p["conditions"]["every_served_bucket_hit"] is False
     statuses = {b["bucket"]: b["status"] for b in p["buckets"]}

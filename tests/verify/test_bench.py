@@ -92,6 +92,13 @@ def test_bench_prints_every_figure_with_target_and_a_valid_report(
     py = one["python_per_step"]  # counted, not timed: the checks add Python to a step, the floor less
     assert py["bare"]["bytecodes"] < py["floor"]["bytecodes"] < py["always-on"]["bytecodes"]
     assert one["extra_us_by_part"]["events+stance"] == round(statistics.median(one["floor_us_per_step"]), 1)
+    # Every checker judged every timed step (ladder agreement judges the builder and compiles, no
+    # step), and the KV engine checked every table: neither figure is missed for want of checking.
+    assert set(one["steps_judged"].values()) == {TINY.steps_per_round} and "ladder-agreement" not in one["steps_judged"]
+    assert figures[0]["failed"] == figures[1]["failed"] == []
+    # Figure 3's control: a real warmup compiles every reachable bucket.
+    three = figures[IDS.index("3")]
+    assert three["met"] is True and three["failed"] == [] and three["details"]["missing"] == []
 
 
 def test_the_floor_round_silences_every_handler_and_puts_them_back() -> None:
@@ -215,9 +222,8 @@ def _quiet(_: str) -> None:
 
 
 def test_figure_3_is_missed_by_a_warmup_that_compiles_nothing() -> None:
+    # A real warmup meets it: the bench command's test.
     config = RuntimeConfig(backend="eager")
-    good = warmup_figure(config, _quiet)
-    assert good.met is True and good.failed == [] and good.details["missing"] == []
     with mock.patch.object(Engine, "warmup", lambda self, progress=None: None):
         broken = warmup_figure(config, _quiet)
     # 0 compiles of 16 reachable: a ratio far under 1, and still a miss.
@@ -252,52 +258,31 @@ def test_kernel_figures_are_missed_by_a_kernel_with_wrong_outputs(figure: Any) -
     assert broken.met is False, "a wrong kernel misses under any backend"
 
 
-def _rigs(config: RuntimeConfig, unheard: type | None = None) -> dict[str, Rig]:
-    """The bench's four engines; with `unheard`, the always-on engine's checker of that type is in
-    its list but never subscribed: it is handed no step, as if the runtime never sent its events."""
+def test_figures_1_and_1b_are_missed_when_a_checker_judged_no_step() -> None:
+    # Their passing run is the bench command's (test_bench_prints_every_figure_...). Both faults in
+    # one run: figure 1's condition reads only the always-on engine, 1b's only the KV engine.
+    config = TINY.engine_config("eager")
     rigs = build_rigs(config, [BARE, KV, FLOOR], _quiet)
     checkers = always_on()
     engine = Engine(config, wrap_backend=counting_wrapper(checkers))
-    for c in checkers:
-        if not isinstance(c, unheard or ()):
+    for c in checkers:  # contract conformance is in the list but never subscribed: it is handed no step
+        if not isinstance(c, ContractConformance):
             c.attach(engine)
     engine.warmup()
-    return {BARE: rigs[BARE], CHECKED: Rig(engine, checkers), KV: rigs[KV], FLOOR: rigs[FLOOR]}
-
-
-@pytest.mark.parametrize("unheard", [None, ContractConformance])
-def test_figure_1_is_missed_when_a_checker_judged_no_step(unheard: type | None) -> None:
-    config = TINY.engine_config("eager")
-    rigs = _rigs(config, unheard)
-    try:
-        figures = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)
-        one = figures[0]
-    finally:
-        for rig in reversed(rigs.values()):
-            rig.engine.close()
-    assert figures[1].failed == []  # 1b: the KV engine checked every step either way
-    judged = one.details["steps_judged"]
-    assert judged["timed"] == TINY.steps_per_round
-    if unheard is None:
-        assert set(judged.values()) == {TINY.steps_per_round} and one.failed == []
-        assert "ladder-agreement" not in judged  # it judges the builder at attach and compiles, no step
-    else:
-        assert judged["contract-conformance"] == 0
-        assert one.failed == ["every checker judged every timed step"] and one.met is False
-
-
-def test_figure_1b_is_missed_when_the_kv_engine_checked_no_table() -> None:
-    config = TINY.engine_config("eager")
-    rigs = _rigs(config)
+    rigs = {BARE: rigs[BARE], CHECKED: Rig(engine, checkers), KV: rigs[KV], FLOOR: rigs[FLOOR]}
     padding = next(c for c in rigs[KV].checkers if isinstance(c, PaddingValidity))
     try:
-        # Its tables never reach it: the figure would time an engine that checks nothing.
+        # The KV engine's tables never reach its padding check: 1b would time an engine that checks nothing.
         with mock.patch.object(padding, "on_block_table", lambda ev: None):
             rigs[KV].engine.subscribe(object())()  # the bus looks its handlers up again
-            kv = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)[1]
+            one, kv = overhead_figures(Plan(TINY, "eager", 1), config, rigs, _quiet)[:2]
     finally:
         for rig in reversed(rigs.values()):
             rig.engine.close()
+    judged = one.details["steps_judged"]
+    assert judged["contract-conformance"] == 0
+    assert all(n == TINY.steps_per_round for name, n in judged.items() if name != "contract-conformance")
+    assert one.failed == ["every checker judged every timed step"] and one.met is False
     assert kv.met is False and kv.failed == ["every step's block table checked, and KV integrity checked"]
 
 

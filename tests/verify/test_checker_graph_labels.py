@@ -132,7 +132,8 @@ def test_a_recompile_limit_sized_from_the_kv_ladder_is_flagged_before_anything_c
 
 
 def test_the_kv_ladder_limit_fault_is_caught_through_verify() -> None:
-    config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
+    # Four prefill rungs over a three-rung KV ladder; two rows keep the batched graphs few.
+    config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
     with CATALOG["recompile-limit-from-kv-ladder"].active():
         checker = run(config)
     assert "recompile-limit-too-low" in kinds(checker)
