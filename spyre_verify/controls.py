@@ -150,9 +150,9 @@ def kill_table(
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
     """Spawned processes, each on one thread as the process that spawns them: they share the cores."""
-    from spyre_verify.defaults import single_thread
+    from spyre_verify.defaults import tune_process
 
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=single_thread)
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=tune_process)
 
 
 def submit_faults(

@@ -3,6 +3,7 @@ xdist already fills the cores), and pytester for the plugin's own tests."""
 
 import torch
 
+from spyre_verify.defaults import skip_guard_profile
 from spyre_verify.profiles import load_profile
 
 pytest_plugins = ["pytester"]
@@ -13,10 +14,6 @@ load_profile(None)
 
 
 def pytest_configure() -> None:
-    """Dynamo times each new guard set for its debug log after flushing the CPU cache: about 40 ms
-    and a page-faulting buffer per compile, a fifth of the harness tests' CPU, for a figure no test
-    reads (torch 2.13 has no switch for it). Subprocesses the tests start still pay it."""
-    import torch._dynamo.guards as guards
-
-    if hasattr(guards, "profile_guard_manager"):
-        guards.profile_guard_manager = lambda *args, **kwargs: 0.0
+    """Every xdist worker, as every command of the harness, skips Dynamo's guard-latency profile:
+    a fifth of the tests' CPU. Subprocesses the tests start pay it until their command skips it."""
+    skip_guard_profile()

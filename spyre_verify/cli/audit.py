@@ -18,7 +18,7 @@ from spyre_verify import faults
 from spyre_verify.checks.crash import crash_report
 from spyre_verify.cli.args import Count
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.defaults import single_thread
+from spyre_verify.defaults import tune_process
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import DEFAULT_DIR, write_atomic, write_json
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         config, seams = fault.apply(config)
     elif args.fault:
         say(f"auditing {rt.name} under its fault {args.fault}: {rt.faults[args.fault]} must catch it")
-    single_thread()
+    tune_process()
     with faults.active(args.fault if rt.bundled else None):  # a bundled fault patched into its code holds throughout
         result = run_audit(config, seams, args.replays, args.fault, say, runtime=rt.target)
     p = payload(result)

@@ -19,7 +19,7 @@ from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.check_report import PassOutcome, markdown, outcome_of, payload
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import (
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
     if args.fault is not None and args.fault not in catalog:  # also SPYRE_VERIFY_FAULT, which argparse does not check
         raise UsageError(f"unknown fault {args.fault!r}; choose one of: {', '.join(catalog) or '(none)'}")
-    single_thread()
+    tune_process()
     work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     name = f"check-{args.fault}" if args.fault else "check"
     done = Done(faults=len(catalog))

@@ -10,7 +10,7 @@ from spyre_verify import faults
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import fault_catalog, run_catalog
-from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, single_thread
+from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import SCHEMA_VERSION, table
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    single_thread()
+    tune_process()
     rt = probe(args.runtime, config)
     catalog = fault_catalog(rt)
     for name in args.fault or ():

@@ -25,7 +25,7 @@ from spyre_verify.checks.violations import Violation
 from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.controls import fault_catalog
-from spyre_verify.defaults import CHECK_DEFAULTS, single_thread
+from spyre_verify.defaults import CHECK_DEFAULTS, tune_process
 from spyre_verify.errors import Interrupted, UsageError
 from spyre_verify.messages import say
 from spyre_verify.report import (
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--fault={opts.fault!r}: not a fault of the {rt.name} runtime; choose one of: {', '.join(catalog)}"
             )
         say(f"running the {rt.name} runtime under its fault {opts.fault}: {catalog[opts.fault]} must catch it")
-    single_thread()
+    tune_process()
     name = f"soak-{opts.fault}" if opts.fault else "soak"
     try:
         with faults.active(

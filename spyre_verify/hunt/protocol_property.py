@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hypothesis import strategies as st
 
 from spyre_verify.checks.violations import Checker, InvariantViolation
-from spyre_verify.defaults import single_thread
+from spyre_verify.defaults import tune_process
 from spyre_verify.hunt.findings import HARNESS_DIR, PROTOCOL, Finding
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_problem, groups, items_of, shape_of, traces
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
@@ -80,7 +80,7 @@ class ProtocolHunt:
         self.where = runtime_dir(target)
         self.runtime: Any = None
         self.checkers: list[Checker] = []
-        single_thread()  # a tiny runtime's ops are microseconds long: intra-op threads cost 20x here
+        tune_process()  # a tiny runtime's ops are microseconds long: intra-op threads cost 20x here
         self.open()
         self.shape: Shape = shape_of(self.runtime)
 
