@@ -44,6 +44,7 @@ class Scale:
     grid_steps: int  # 1d: steps per timed round at each size
     soak_steps: int  # 1e
     checks: tuple[tuple[str, ...], ...]  # 8, 8b: the `check` flags of each
+    soak_sizes: dict[str, int] | None = None  # 1e's config sizes; None: the main job's (bench.scale_soak)
 
 
 PRODUCTION_CHECKS = (
@@ -59,16 +60,17 @@ _TINY_CHECK = (
 SCALES = {
     "full": Scale(_WIDE, 150, (4, 16, 64), (16, 256, 2048), 400, 100_000, PRODUCTION_CHECKS),
     "quick": Scale(_WIDE, 30, (4, 16, 64), (16, 256, 2048), 150, 10_000, (_SMALL_CHECK, _SMALL_CHECK)),
-    # The command's own test: toy sizes everywhere, the numbers mean little. One row is the
-    # cheapest second row count (no batched graphs); 40 steps still fill the soak's 20 chunks.
+    # The command's own test: toy sizes everywhere, the numbers mean little. 1d's value is read at
+    # one row count, so one is enough; 40 steps still fill the soak's 20 chunks.
     "tiny": Scale(
         RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager"),
         10,
-        (1, 2),
+        (2,),
         (8, 16),
         10,
         40,
         (_TINY_CHECK, _TINY_CHECK),
+        {"block_size": 4, "max_model_len": 8, "max_num_seqs": 2},
     ),
 }
 

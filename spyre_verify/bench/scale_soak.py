@@ -40,9 +40,10 @@ def harness_only(snapshot: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
 
 
 def soak_figures(plan: Plan, progress: Progress) -> list[Figure]:
-    steps = SCALES[plan.mode.name].soak_steps
+    scale = SCALES[plan.mode.name]
+    steps = scale.soak_steps
     chunk = max(1, steps // CHUNKS)
-    config = RuntimeConfig(**SOAK_CONFIG, backend="eager")
+    config = RuntimeConfig(**(scale.soak_sizes or SOAK_CONFIG), backend="eager")
     rig = build_rigs(config, [CHECKED], progress)[CHECKED]
     started = not tracemalloc.is_tracing()
     if started:  # after warmup: tracing makes Dynamo's compiles ten times slower

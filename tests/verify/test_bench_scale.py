@@ -7,16 +7,22 @@ steps, one two-request check in place of the two production-size ones); no timin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import json
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from runtime.config import RuntimeConfig
+from spyre_verify.bench import scale_check
 from spyre_verify.bench.figures import FIGURES, TINY, Plan
 from spyre_verify.bench.scale import SCALES, _growth, backlog
-from spyre_verify.bench.scale_check import check_figure
+from spyre_verify.bench.scale_check import check_figure, run_check
 from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.cli.bench import plan_from_args
@@ -32,9 +38,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPYRE_DYNAMO_BACKEND", raising=False)
 
 
+def in_process(cmd: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+    """`python -m spyre_verify check ...` run in this process: the same command line, the same
+    report on disk, without a second interpreter importing torch (its launch has its own test)."""
+    assert cmd[1:4] == ["-m", "spyre_verify", "check"], cmd
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(cmd[3:])
+    return subprocess.CompletedProcess(cmd, rc, out.getvalue(), err.getvalue())
+
+
 def test_only_scale_runs_the_scale_figures_each_with_a_target(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(scale_check, "subprocess", SimpleNamespace(run=in_process, TimeoutExpired=TimeoutError))
     assert main(["bench", "--tiny", "--only", "scale", "--json", "--out", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     figures = {f["id"]: f for f in json.loads(out)["figures"]}
@@ -47,7 +64,7 @@ def test_only_scale_runs_the_scale_figures_each_with_a_target(
     wide = figures["1c"]
     assert wide["details"]["rows_per_step"] > 1 and set(wide["details"]["steps_judged"].values()) == {10}
     sizes = figures["1d"]["details"]["per_size"]
-    assert set(sizes) == {f"{r} rows, max_model_len {n}" for r, n in itertools.product((1, 2), (8, 16))}
+    assert set(sizes) == {f"{r} rows, max_model_len {n}" for r, n in itertools.product((2,), (8, 16))}
     assert all(s["us_per_row"] > 0 and s["rows_per_step"] >= 1 for s in sizes.values())
     soak, mem = figures["1e"], figures["1e-mem"]
     assert soak["settings"]["steps"] == 40 and "not the full 100,000" in soak["settings"]["note"]
@@ -74,6 +91,14 @@ def test_only_takes_figure_numbers_and_the_word_scale() -> None:
 def test_a_bad_only_exits_2(only: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--tiny", "--only", only, "--out", str(tmp_path)]) == 2
     assert "scale" in capsys.readouterr().err
+
+
+def test_the_check_runs_in_a_subprocess_that_reports_its_last_line(tmp_path: Path) -> None:
+    # A usage error: the real command line in a real interpreter, which exits before importing torch.
+    wall, report, said = run_check(("--requests", "0"), tmp_path, 60.0)
+    assert wall > 0 and report == {} and not list(tmp_path.iterdir())
+    assert said == "spyre-verify check: error: --requests=0: must be an integer from 1 to 1000000"
+    assert run_check(("--requests", "0"), tmp_path, 0.001)[2] == "stopped after 0 s"
 
 
 def test_a_check_that_does_not_pass_misses_whatever_its_time() -> None:
@@ -117,8 +142,7 @@ def test_the_contract_checker_forgets_a_request_s_limits_once_it_ends() -> None:
     # Figure 1e-mem found it keeping every request's stop tokens and max_tokens for the whole run.
     config = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
     engine, conformance = Engine(config), ContractConformance()
-    conformance.attach(engine)
-    engine.warmup()
+    conformance.attach(engine)  # no warmup: the contract checker handles no warmup event
     work = seeded_workload(config, 12, seed=1)
     engine_serve(engine, work)
     assert conformance.ok and len(engine.finished) == 12
