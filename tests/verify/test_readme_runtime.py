@@ -37,11 +37,12 @@ def run(code: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv(ENV_RUNTIME, raising=False)
     sys.modules.pop("my_runtime", None)  # each run imports the file it wrote
     out = tmp_path / "out"
-    # The gate's budget: a few requests on the eager backend, as the other CLI tests run, and 5 of
-    # the crowd traffic's 50 hunt traces: the planted bug shows in the first steps, and the fixed
-    # run's pass needs every warm bucket served, which the crowds do alone (test_unserved_warm).
+    # The gate's budget: a few requests on the eager backend, as the other CLI tests run, half the
+    # default length (8 graphs warmed, not 16, in each of the command's four passes) and 5 of the
+    # crowd traffic's 50 hunt traces: the planted bug shows in the first steps at any size, and the
+    # fixed run's pass needs every warm bucket served, which the crowds do alone (test_unserved_warm).
     monkeypatch.setattr(crowds, "EXAMPLES", 5)
-    code_ = main([*argv[1:], "--backend", "eager", "--requests", "6", "--out", str(out)])
+    code_ = main([*argv[1:], "--backend", "eager", "--requests", "6", "--max-model-len", "8", "--out", str(out)])
     return code_, json.loads((out / "check.json").read_text())
 
 
