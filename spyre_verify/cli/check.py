@@ -37,7 +37,7 @@ from spyre_verify.workload import seeded_workload
 if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
     from runtime.config import RuntimeConfig
     from spyre_verify.controls import KillRow
-    from spyre_verify.session import RunResult
+    from spyre_verify.session import Progress, RunResult
     from spyre_verify.workload import Item
 
 
@@ -72,9 +72,8 @@ class Done:
     per_seq_not_run: str | None = None
     faults: int = 0  # the faults the catalog seeds on this config
     started: float = field(default_factory=time.perf_counter)
-    # Wall seconds of the parts outside the main pass: the per-sequence pass and the fault catalog.
-    # In worker processes they run beside the main pass, so the three overlap.
-    per_seq_seconds: float = 0.0
+    # Wall seconds of the fault catalog (the per-sequence pass carries its own). In worker
+    # processes both run beside the main pass, so the three overlap.
     catalog_seconds: float = 0.0
 
     def phases(self) -> dict[str, float]:
@@ -82,18 +81,21 @@ class Done:
         main = self.result.phases if self.result is not None else {}
         out = {k: main.get(k, 0.0) for k in ("warmup", "traffic", "coverage", "reference", "checks")}
         out["controls"] = main.get("controls", 0.0) + self.catalog_seconds
-        out["per_sequence_pass"] = self.per_seq_seconds
+        out["per_sequence_pass"] = self.per_seq.seconds if self.per_seq is not None else 0.0
         out["total"] = time.perf_counter() - self.started
         return {k: round(v, 3) for k, v in out.items()}
 
 
-def per_sequence_pass(config: RuntimeConfig, work: list[Item], runtime: str) -> PassOutcome:
+def per_sequence_pass(
+    config: RuntimeConfig, work: list[Item], runtime: str, progress: Progress | None = None
+) -> PassOutcome:
     """The same traffic with batched decode off: with it on, the per-sequence kernel only ever
     serves one row. A plain function of picklable arguments, so a worker process can run it."""
     from spyre_verify.session import verify
 
     t0 = time.perf_counter()
-    result = verify(config.with_(batched_decode=False), workload=work, controls=False, runtime=runtime)
+    no_batched = config.with_(batched_decode=False)
+    result = verify(no_batched, workload=work, controls=False, progress=progress, runtime=runtime)
     return outcome_of(result, time.perf_counter() - t0)
 
 
@@ -147,8 +149,7 @@ def run(args: argparse.Namespace) -> int:
             elif per_seq:
                 done.stage = "the per-sequence pass"
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
-                done.per_seq = beside.result() if beside else per_sequence_pass(config, work, rt.target)
-                done.per_seq_seconds = done.per_seq.seconds
+                done.per_seq = beside.result() if beside else per_sequence_pass(config, work, rt.target, say)
             if not args.fault and not args.no_controls and not catalog:
                 say(
                     f"fault catalog not run: the {rt.name} runtime ships no faults(), so nothing proves its checkers can fail"
