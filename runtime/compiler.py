@@ -5,6 +5,7 @@ fallback past `recompile_limit`) show up as calls without hits."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import types
 from collections import Counter
@@ -20,11 +21,18 @@ from runtime.events import SERVING, WARMUP, CallEvent, CompileEvent, EventBus, G
 
 # Two control calls per kernel sit on top of the warm set in a verification run.
 COMPILE_HEADROOM = 8
+_COPIES = itertools.count(1)
 
 
 def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A copy of `fn` with its own code object, so its Dynamo cache is this runner's alone."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    """A copy of `fn` whose Dynamo state is this runner's alone: its own code object for the
+    compile cache, and its own code name for the automatic-dynamic profile, which Dynamo keys by
+    file, line and name across every copy. Without the name, a second engine of one process
+    compiled other graphs under `dynamic=True` after what the first one had seen."""
+    code = fn.__code__
+    name = f"{code.co_name}_{next(_COPIES)}"
+    copy = code.replace(co_name=name, co_qualname=f"{code.co_qualname}_{name}")
+    return types.FunctionType(copy, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def compile_limits(config: RuntimeConfig, buckets: int) -> dict[str, int]:

@@ -274,3 +274,15 @@ def test_preflight_catches_a_dynamic_graph_without_any_traffic() -> None:
     foreign = {v.bucket for v in checker.violations if v.kind == "foreign-graph"}
     assert foreign, "one dynamic graph serves several buckets"
     assert all(b in {str(p) for p in engine.recorder.plan()} for b in foreign)
+
+
+def test_an_earlier_engine_in_the_process_changes_no_graph() -> None:
+    """Dynamo profiles a compiled function by file, line and name, across copies of its code: an
+    audit of the same fault earlier in the process once moved the foreign graph to prefill(4,)."""
+    config, seams = CATALOG["dynamic-shapes"].apply(TINY)
+    with Engine(config, seams=seams) as earlier:
+        earlier.warmup()
+        for prompt in ([1, 2, 3], [1], [1, 2, 3, 4]):
+            earlier.add_request(prompt, 2)
+        earlier.run_until_done()
+    test_dynamic_shapes_serve_a_bucket_with_another_buckets_graph()
