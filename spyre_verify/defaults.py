@@ -17,11 +17,18 @@ CHECK_TKV_LIMIT = 28
 
 def tune_process() -> None:
     """One intra-op thread (the tiny model's ops are microseconds long; more threads only add
-    contention) and no guard-latency profile (`skip_guard_profile`)."""
+    contention), no guard-latency profile (`skip_guard_profile`), and, under a tracer such as
+    coverage's, Dynamo's compiles outside it (`untraced`)."""
+    import sys
+
     import torch  # here, not at the top: the CLI answers a bad flag before torch loads
 
     torch.set_num_threads(1)
     skip_guard_profile()
+    if sys.gettrace() is not None:
+        from spyre_verify.untraced import compile_untraced
+
+        compile_untraced()
 
 
 def skip_guard_profile() -> None:

@@ -1,10 +1,14 @@
 """Shared test setup: one intra-op thread (the tiny model's ops are microseconds long and
-xdist already fills the cores), and pytester for the plugin's own tests."""
+xdist already fills the cores), Dynamo's compiles outside coverage's tracer, and pytester for
+the plugin's own tests."""
+
+from __future__ import annotations
 
 import torch
 
 from spyre_verify.defaults import skip_guard_profile
 from spyre_verify.profiles import load_profile
+from spyre_verify.untraced import compile_untraced
 
 pytest_plugins = ["pytester"]
 
@@ -15,5 +19,8 @@ load_profile(None)
 
 def pytest_configure() -> None:
     """Every xdist worker, as every command of the harness, skips Dynamo's guard-latency profile:
-    a fifth of the tests' CPU. Subprocesses the tests start pay it until their command skips it."""
+    a fifth of the tests' CPU. And Dynamo compiles outside coverage's tracer (spyre_verify/untraced.py:
+    a third of the suite's CPU under coverage), installed here whether or not a tracer runs, so that
+    tests/verify/test_untraced.py holds it in any run."""
     skip_guard_profile()
+    compile_untraced()

@@ -1,0 +1,41 @@
+"""spyre_verify.untraced (installed by tests/conftest.py): Dynamo's compile runs outside a tracer,
+the user compiler Dynamo calls inside it."""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+
+def test_the_tracer_is_off_inside_dynamo_and_on_in_the_user_compiler() -> None:
+    called: list[str] = []
+    seen_by_backend: list[object] = []
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            called.append(frame.f_code.co_filename)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        seen_by_backend.append(sys.gettrace())
+        return gm.forward
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    compiled = torch.compile(double, backend=backend, dynamic=False, fullgraph=True)
+    before = sys.gettrace()  # coverage's, under tox
+    sys.settrace(tracer)
+    try:
+        out = compiled(torch.ones(3))
+        after = sys.gettrace()
+    finally:
+        sys.settrace(before)
+    assert torch.equal(out, torch.full((3,), 2.0))
+    assert seen_by_backend == [tracer]  # the user compiler runs traced
+    assert after is tracer  # and the tracer is back once the compile returns
+    dynamo = [f for f in called if "torch/_dynamo/symbolic_convert" in f.replace("\\", "/")]
+    assert not dynamo, f"{len(dynamo)} calls of Dynamo's bytecode analysis were traced"
+    assert any(f == __file__ for f in called)  # the backend's own call was seen
