@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from spyre_verify.oracle.reference import generate
+from tests.verify.shared_runs import once
 
 
 def test_serving_reuses_warm_graphs(spyre_engine, dispatch_log, graph_audit) -> None:
@@ -73,12 +74,15 @@ SPYRE_ENV = {"SPYRE_ATTN_KV_BUCKETS": "8,16", "SPYRE_BATCHED_DECODE": "0", "SPYR
 
 @pytest.fixture(scope="module")
 def inner(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    where = tmp_path_factory.mktemp("inner")
-    for name, text in INNER.items():
-        (where / f"{name}.py").write_text(text)
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | SPYRE_ENV
-    argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "--spyre-backend", "aot_eager"]
-    return subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True, timeout=600)
+    def run() -> subprocess.CompletedProcess[str]:
+        where = tmp_path_factory.mktemp("inner")
+        for name, text in INNER.items():
+            (where / f"{name}.py").write_text(text)
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | SPYRE_ENV
+        argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "--spyre-backend", "aot_eager"]
+        return subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True, timeout=600)
+
+    return once("plugin-inner", tmp_path_factory, run)
 
 
 def failure_sections(text: str) -> dict[str, list[str]]:

@@ -16,7 +16,7 @@ from spyre_verify import faults
 from spyre_verify.cli.main import build_parser, main
 from spyre_verify.controls import kill_table
 from spyre_verify.report import SCHEMA_VERSION
-from tests.verify.shared_runs import cli_once
+from tests.verify.shared_runs import cli_once, once
 
 ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND", faults.FAULT_ENV)
 CHECKS = {
@@ -51,17 +51,21 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str
     """`spyre-verify check --out DIR --json` with no config flags but the backend, its catalog cut to
     CONTROLS. Eager, not the default aot_eager: the checks judge Dynamo's guards and the recording
     backend's graphs, the same for every backend, and the gate's check env runs the default as is."""
-    out_dir, out, err = tmp_path_factory.mktemp("check"), io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        for name in ENV_VARS:
-            mp.delenv(name, raising=False)
-        mp.setattr(
-            spyre_verify.controls,  # check imports it when it runs, not when it loads
-            "kill_table",
-            lambda c, w, progress=None, rows=None, **kw: kill_table(c, w, CONTROLS, progress, rows),
-        )
-        code = main(["check", "--backend", "eager", "--out", str(out_dir), "--json"])
-    return code, json.loads(out.getvalue()), err.getvalue(), out_dir
+
+    def run() -> tuple[int, dict[str, Any], str, Path]:
+        out_dir, out, err = tmp_path_factory.mktemp("check"), io.StringIO(), io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            for name in ENV_VARS:
+                mp.delenv(name, raising=False)
+            mp.setattr(
+                spyre_verify.controls,  # check imports it when it runs, not when it loads
+                "kill_table",
+                lambda c, w, progress=None, rows=None, **kw: kill_table(c, w, CONTROLS, progress, rows),
+            )
+            code = main(["check", "--backend", "eager", "--out", str(out_dir), "--json"])
+        return code, json.loads(out.getvalue()), err.getvalue(), out_dir
+
+    return once("check-default", tmp_path_factory, run)
 
 
 def test_default_config_passes(default_run: tuple[int, dict[str, Any], str, Path]) -> None:

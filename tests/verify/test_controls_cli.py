@@ -23,6 +23,7 @@ from runtime.config import RuntimeConfig
 from spyre_verify.cli.main import main
 from spyre_verify.faults import CATALOG, catalog_for
 from spyre_verify.report import SCHEMA_VERSION
+from tests.verify.shared_runs import once
 
 ENV_VARS = (
     "SPYRE_ATTN_KV_BUCKETS",
@@ -49,13 +50,18 @@ def seeded(layout: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUT))
-def kill_table(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any], str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        for name in ENV_VARS:
-            mp.delenv(name, raising=False)
-        code = main(["controls", "--json", "--backend", "eager", *flags(request.param)])
-    return code, json.loads(out.getvalue()), err.getvalue(), request.param
+def kill_table(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, dict[str, Any], str, str]:
+    def run() -> tuple[int, dict[str, Any], str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            for name in ENV_VARS:
+                mp.delenv(name, raising=False)
+            code = main(["controls", "--json", "--backend", "eager", *flags(request.param)])
+        return code, json.loads(out.getvalue()), err.getvalue(), request.param
+
+    return once(f"controls-{request.param}", tmp_path_factory, run)
 
 
 def test_exits_zero_with_a_passing_verdict(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
