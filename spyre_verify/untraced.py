@@ -11,10 +11,11 @@ code only. Without a tracer every wrapper passes straight through."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 STOCK_BACKENDS = ("eager", "aot_eager", "inductor")
@@ -51,6 +52,17 @@ def _retraced(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.settrace(None)
 
     return run
+
+
+@contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """The block outside the tracer: what it runs counts for no coverage."""
+    tracer = sys.gettrace()
+    sys.settrace(None)
+    try:
+        yield
+    finally:
+        sys.settrace(tracer)
 
 
 def compile_untraced() -> None:

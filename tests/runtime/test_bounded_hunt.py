@@ -31,6 +31,7 @@ def forget_memoised_answers() -> None:
                     clear()
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 @pytest.mark.hunt
 def test_bounded_hunt_finds_nothing_on_the_real_runtime() -> None:
     forget_memoised_answers()

@@ -160,6 +160,7 @@ def pool_size(pool: str, bs: int, L: int) -> int | None:
     return {"min": smallest, "min+1": smallest + 1, "default": None}[pool]
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 @pytest.mark.parametrize("bs", [1, 2, 4, 8])
 @pytest.mark.parametrize(("seqs", "pool"), sorted(GRID_LIMITS))
 def test_warm_set_equals_walked_reachable_set(bs: int, seqs: int, pool: str) -> None:
@@ -177,6 +178,7 @@ def test_warm_set_equals_walked_reachable_set(bs: int, seqs: int, pool: str) -> 
 ROOMY_LIMITS = {2: 16, 3: 10}
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 @pytest.mark.parametrize("bs", [2, 4, 8])
 @pytest.mark.parametrize("seqs", sorted(ROOMY_LIMITS))
 def test_warm_set_equals_walked_reachable_set_as_the_pool_grows(bs: int, seqs: int) -> None:

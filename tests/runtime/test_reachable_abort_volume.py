@@ -54,6 +54,7 @@ def walked_blocks(sp: Space) -> tuple[set[tuple[int, int]], set[int]]:
 
 
 # -- the closed form, block by block ---------------------------------------------------------------------
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 @pytest.mark.parametrize(("bs", "L", "S"), small_spaces())
 def test_closed_form_equals_the_walk_for_every_rows_and_blocks(bs: int, L: int, S: int) -> None:
     """Every (rows, KV blocks) decode and every prefill block count, over pools from the
@@ -94,6 +95,7 @@ def bucket_configs() -> list[RuntimeConfig]:
     return out
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_warm_set_equals_the_walk_with_aborts_and_limits() -> None:
     checked = 0
     for c in bucket_configs():
@@ -108,6 +110,7 @@ def test_warm_set_equals_the_walk_with_aborts_and_limits() -> None:
     assert checked > 2000
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_every_bucket_the_limit_removes_says_volume() -> None:
     for c in bucket_configs():
         if c.max_batch_tkv_limit is None:

@@ -62,6 +62,7 @@ def small_configs() -> Iterator[dict[str, Any]]:
                 yield {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "batched_decode": False}
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_the_closed_form_equals_the_exhaustive_walk() -> None:
     """Every disagreement, named by config and bucket, with the walk's witness for a missed one."""
     wrong, compared, kinds = [], 0, set()

@@ -8,6 +8,8 @@ import itertools
 import time
 from typing import Any
 
+import pytest
+
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle import ragged_closed_form, ragged_witness
@@ -47,6 +49,7 @@ def small_configs() -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_the_closed_form_equals_the_exhaustive_walk() -> None:
     """Every disagreement, named by config and bucket, with the walk's witness for a missed one."""
     wrong, compared = [], 0

@@ -215,6 +215,7 @@ def small_configs() -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_the_runtime_warm_set_equals_the_walk() -> None:
     """Every disagreement, named by config and bucket, with the walk's witness for a missing one."""
     wrong = []

@@ -1,13 +1,17 @@
 """spyre_verify.untraced (installed by tests/conftest.py): Dynamo's compile runs outside a tracer,
-the user compiler Dynamo calls inside it."""
+the user compiler Dynamo calls inside it; a test marked `untraced` runs outside it."""
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import torch
+
+from spyre_verify.untraced import untraced
 
 
 def test_the_tracer_is_off_inside_dynamo_and_on_in_the_user_compiler() -> None:
@@ -39,3 +43,38 @@ def test_the_tracer_is_off_inside_dynamo_and_on_in_the_user_compiler() -> None:
     dynamo = [f for f in called if "torch/_dynamo/symbolic_convert" in f.replace("\\", "/")]
     assert not dynamo, f"{len(dynamo)} calls of Dynamo's bytecode analysis were traced"
     assert any(f == __file__ for f in called)  # the backend's own call was seen
+
+
+@pytest.fixture
+def a_tracer() -> Iterator[Callable[..., None]]:
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> None:
+        return None
+
+    before = sys.gettrace()
+    sys.settrace(tracer)  # in setup: still there when the test body runs, unless the hook lifts it
+    yield tracer
+    sys.settrace(before)
+
+
+@pytest.mark.untraced
+def test_a_test_marked_untraced_runs_outside_the_tracer(a_tracer: Callable[..., None]) -> None:
+    assert sys.gettrace() is None
+
+
+def test_an_unmarked_test_runs_under_it(a_tracer: Callable[..., None]) -> None:
+    assert sys.gettrace() is a_tracer
+
+
+def test_untraced_suspends_a_tracer_and_puts_it_back() -> None:
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> None:
+        return None
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with untraced():
+            inside = sys.gettrace()
+        after = sys.gettrace()
+    finally:
+        sys.settrace(before)
+    assert (inside, after) == (None, tracer)
