@@ -29,9 +29,8 @@ def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     compile cache, and its own code name for the automatic-dynamic profile, which Dynamo keys by
     file, line and name across every copy. Without the name, a second engine of one process
     compiled other graphs under `dynamic=True` after what the first one had seen."""
-    code = fn.__code__
-    name = f"{code.co_name}_{next(_COPIES)}"
-    copy = code.replace(co_name=name, co_qualname=f"{code.co_qualname}_{name}")
+    code, n = fn.__code__, next(_COPIES)
+    copy = code.replace(co_name=f"{code.co_name}_{n}", co_qualname=f"{code.co_qualname}_{n}")
     return types.FunctionType(copy, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 

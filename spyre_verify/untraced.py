@@ -26,15 +26,17 @@ _installed: list[bool] = []
 def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        tracer = sys.gettrace()
-        if tracer is None:
-            return fn(*args, **kwargs)
+        # What _retraced puts back: this call's tracer, None included, never an earlier call's.
+        tracer, outer = sys.gettrace(), getattr(_suspended, "tracer", None)
         _suspended.tracer = tracer
-        sys.settrace(None)
+        if tracer is not None:
+            sys.settrace(None)
         try:
             return fn(*args, **kwargs)
         finally:
-            sys.settrace(tracer)
+            _suspended.tracer = outer
+            if tracer is not None:
+                sys.settrace(tracer)
 
     return run
 

@@ -36,8 +36,10 @@ def once(name: str, tmp_path_factory: pytest.TempPathFactory, compute: Callable[
         if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing to share
             _DONE[name] = compute()
         else:
-            # The parent of a worker's basetemp is this session's, shared by its workers only.
-            path = tmp_path_factory.getbasetemp().parent / f"shared-{name}.pickle"
+            # The parent of a worker's basetemp is this session's, shared by its workers only; the
+            # run's id besides, in case a process that inherited the variable is not a worker.
+            run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")
+            path = tmp_path_factory.getbasetemp().parent / f"shared-{run}-{name}.pickle"
             with FileLock(f"{path}.lock"):
                 if not path.is_file():
                     path.write_bytes(pickle.dumps(compute()))

@@ -78,3 +78,30 @@ def test_untraced_suspends_a_tracer_and_puts_it_back() -> None:
     finally:
         sys.settrace(before)
     assert (inside, after) == (None, tracer)
+
+
+def test_a_compile_after_a_traced_one_gets_no_stale_tracer_back() -> None:
+    seen: list[object] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        seen.append(sys.gettrace())
+        return gm.forward
+
+    def tracer(frame: types.FrameType, event: str, arg: Any) -> None:
+        return None
+
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def second(x: torch.Tensor) -> torch.Tensor:
+        return x - 1
+
+    before = sys.gettrace()
+    try:
+        sys.settrace(tracer)
+        torch.compile(first, backend=backend, dynamic=False)(torch.ones(2))
+        sys.settrace(None)
+        torch.compile(second, backend=backend, dynamic=False)(torch.ones(2))
+    finally:
+        sys.settrace(before)
+    assert seen == [tracer, None]
