@@ -8,7 +8,6 @@ recompile_limit) is a call without a hit; a graph serving another bucket is a dy
 
 from __future__ import annotations
 
-import itertools
 import time
 import types
 from collections import Counter
@@ -23,17 +22,14 @@ from spyre_verify.protocol import BackendWrapper
 from .buckets import Bucket
 from .events import SERVING, Bus, Compile
 
-_COPIES = itertools.count(1)
-
 
 def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` with a code object and a code name of its own. Dynamo caches graphs on the code
-    object, so two engines in one process would otherwise share (and exhaust) one cache; and it
-    profiles sizes for automatic dynamic shapes by file, line and name, so under the
-    dynamic-shapes fault an earlier engine's sizes would change this one's graphs."""
-    code, n = fn.__code__, next(_COPIES)
-    copy = code.replace(co_name=f"{code.co_name}_{n}", co_qualname=f"{code.co_qualname}_{n}")
-    return types.FunctionType(copy, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    """`fn` with a code object of its own. Dynamo caches graphs on the code object, so two
+    engines in one process would otherwise share (and exhaust) one cache. Dynamo's
+    automatic-dynamic profile, keyed by file, line and name, stays shared across engines, as in a
+    runtime of one process that builds engines one after another: the hunt's dynamic-shapes case
+    in tests/verify/test_hunt_runtime.py sees the dynamic graph through it."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 class KernelRunner:
