@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 CHECK_DEFAULTS = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8, "backend": "aot_eager"}
 CHECK_REQUESTS = 40
 # The embedded sizes' volumetric limit (DESIGN "Volume."), chosen with the oracle's walk so that
@@ -19,8 +21,6 @@ def tune_process() -> None:
     """One intra-op thread (the tiny model's ops are microseconds long; more threads only add
     contention), no guard-latency profile (`skip_guard_profile`), and, under a tracer such as
     coverage's, Dynamo's compiles outside it (`untraced`)."""
-    import sys
-
     import torch  # here, not at the top: the CLI answers a bad flag before torch loads
 
     torch.set_num_threads(1)

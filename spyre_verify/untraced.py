@@ -20,23 +20,29 @@ from typing import Any
 
 STOCK_BACKENDS = ("eager", "aot_eager", "inductor")
 _suspended = threading.local()
-_installed: list[bool] = []
+
+
+@contextlib.contextmanager
+def untraced() -> Iterator[None]:
+    """The block outside the tracer: what it runs counts for no coverage."""
+    tracer = sys.gettrace()
+    sys.settrace(None)
+    try:
+        yield
+    finally:
+        sys.settrace(tracer)
 
 
 def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         # What _retraced puts back: this call's tracer, None included, never an earlier call's.
-        tracer, outer = sys.gettrace(), getattr(_suspended, "tracer", None)
-        _suspended.tracer = tracer
-        if tracer is not None:
-            sys.settrace(None)
+        outer, _suspended.tracer = getattr(_suspended, "tracer", None), sys.gettrace()
         try:
-            return fn(*args, **kwargs)
+            with untraced():
+                return fn(*args, **kwargs)
         finally:
             _suspended.tracer = outer
-            if tracer is not None:
-                sys.settrace(tracer)
 
     return run
 
@@ -56,22 +62,9 @@ def _retraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-@contextlib.contextmanager
-def untraced() -> Iterator[None]:
-    """The block outside the tracer: what it runs counts for no coverage."""
-    tracer = sys.gettrace()
-    sys.settrace(None)
-    try:
-        yield
-    finally:
-        sys.settrace(tracer)
-
-
+@functools.cache
 def compile_untraced() -> None:
     """Once a process. A torch without these names (they are private) is left alone."""
-    if _installed:
-        return
-    _installed.append(True)
     from torch._dynamo import convert_frame, output_graph
     from torch._dynamo.backends import registry
 
