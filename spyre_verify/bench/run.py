@@ -47,14 +47,16 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
 
 
 def scale_figures(plan: Plan, progress: Progress) -> list[Figure]:
-    """`--only scale`: the checkers at realistic sizes (1c, 1d), a soak (1e) and the check's wall time (8, 8b)."""
-    from spyre_verify.bench import scale, scale_check, scale_soak
+    """`--only scale`: the checkers at realistic sizes (1c, 1d), a soak (1e), the check's wall time (8, 8b)
+    and what huge pages save its prefills (8c)."""
+    from spyre_verify.bench import huge_pages, scale, scale_check, scale_soak
 
     return [
         scale.wide_figure(plan, progress),
         scale.growth_figure(plan, progress),
         *scale_soak.soak_figures(plan, progress),
         *scale_check.check_figures(plan, progress),
+        huge_pages.huge_pages_figure(plan, progress),
     ]
 
 

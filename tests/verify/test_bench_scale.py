@@ -30,7 +30,7 @@ from spyre_verify.cli.main import main
 from spyre_verify.session import serve as engine_serve
 from spyre_verify.workload import seeded_workload
 
-IDS = ["1c", "1d", "1e", "1e-mem", "8", "8b"]
+IDS = ["1c", "1d", "1e", "1e-mem", "8", "8b", "8c"]
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +75,8 @@ def test_only_scale_runs_the_scale_figures_each_with_a_target(
         assert check["details"]["verdict"] == "pass" and check["unit"] == " s"
         assert "--max-model-len 8 " in check["settings"]["command"] and check["settings"]["sizes"] == "small stand-in"
     assert figures["8"]["details"]["wall_s"] == figures["8b"]["details"]["wall_s"]  # one run of the shared command
+    pages = figures["8c"]
+    assert pages["settings"]["max_model_len"] == 1024 and len(pages["details"]["huge_user_sys_s"]) == 1
 
 
 def _args(only: str | None) -> argparse.Namespace:
