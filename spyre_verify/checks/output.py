@@ -49,11 +49,13 @@ class OutputEquivalence(Checker):
         self.logits: dict[str, list[torch.Tensor]] = {}  # only for the requests it will compare
         self.finished: dict[str, str] = {}  # request id -> finish reason
         self.step_bucket: dict[int, str] = {}
+        self.judged: set[str] = set()  # compared as they ended (strict only)
+        self.runtime = engine
         super().attach(engine)
 
     def forget(self) -> None:
         """Drop everything held of earlier requests: a hunt judges each example on its own."""
-        for held in (self.requests, self.tokens, self.logits, self.finished, self.step_bucket):
+        for held in (self.requests, self.tokens, self.logits, self.finished, self.step_bucket, self.judged):
             held.clear()
 
     def chosen(self, request_id: str) -> bool:
@@ -75,13 +77,20 @@ class OutputEquivalence(Checker):
             kept.append(ev.logits)
 
     def on_finish(self, ev: FinishEvent) -> None:
-        self.finished[ev.request_id] = ev.reason
+        rid = ev.request_id
+        self.finished[rid] = ev.reason
+        # Strict (a control's run, which stops at the first violation): judge a request as it ends,
+        # once its tokens are all in, so a wrong one stops the run there and not after every
+        # request and scenario has been served. Otherwise at the end, where `finish` judges the rest.
+        if self.strict and self.chosen(rid) and len(self.tokens[rid]) == len(ev.tokens):
+            self.judged.add(rid)
+            self.compare(self.runtime, self.requests[rid])
 
     def finish(self, engine: Any) -> None:
         for rid, req in self.requests.items():
             if rid not in self.finished:
                 self.flag_unfinished(engine, req)
-            elif self.chosen(rid):
+            elif self.chosen(rid) and rid not in self.judged:
                 self.compare(engine, req)
 
     def flag_unfinished(self, runtime: Any, req: RequestEvent) -> None:

@@ -117,3 +117,25 @@ def test_an_unfinished_sampled_request_names_the_reference_length() -> None:
     assert [v.message for v in checker.violations] == [
         "req-0 never finished: the engine produced 1 tokens of the reference's 3"
     ]
+
+
+def test_a_strict_checker_stops_at_the_first_wrong_request_as_it_ends() -> None:
+    """A control's run is strict: the leak must stop serving when req-0 ends, while req-1 still
+    runs, not after the whole run; a correct strict run judges each request once."""
+    from spyre_verify.checks.violations import InvariantViolation
+
+    checker = OutputEquivalence(strict=True)
+    with CATALOG["mask-leak"].active():  # the kernels are built leaky with the engine
+        engine = Engine(TINY)
+    checker.attach(engine)
+    engine.warmup()
+    engine.add_request([1], 1)  # ends at its prefill
+    engine.add_request([9, 8], 3)
+    with pytest.raises(InvariantViolation) as stopped:
+        engine.run_until_done()
+    assert stopped.value.violations[0].message.startswith("req-0 token 0 is ")
+    assert engine.has_work(), "serving went on past the first wrong request"
+
+    quiet = OutputEquivalence(strict=True)
+    served(quiet)
+    assert quiet.ok and quiet.compared == 2, quiet.violations
