@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
+from runtime.errors import ConfigError
 from spyre_verify import faults
 from spyre_verify.errors import UsageError
 from spyre_verify.runtimes import BUNDLED_FACTORY, Probe
@@ -36,6 +38,7 @@ class KillRow:
     caught: bool  # flagged by the expected checker
     caught_by: tuple[str, ...]  # every checker that flagged something
     first_violation: str
+    seconds: float = 0.0  # wall time of the fault's run, warmup included
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -44,7 +47,37 @@ class KillRow:
             "caught": self.caught,
             "caught_by": list(self.caught_by),
             "first_violation": self.first_violation,
+            "seconds": round(self.seconds, 1),
         }
+
+
+# Above this max_model_len `check` runs its kill table on a sibling config with this one. Every
+# fault run compiles, and warmup runs once, every prefill bucket: one a block up to max_model_len,
+# at a cost that grows with its cube. At 8,192 tokens (128 prefill buckets) one fault's warmup cost
+# 50 to 120 CPU seconds and 14 faults more than the rest of the check together; at 2,048 they
+# cost 16 times fewer tokens squared and all 14 run in about two minutes.
+CONTROLS_MAX_MODEL_LEN = 2048
+
+
+def controls_config(config: RuntimeConfig) -> tuple[RuntimeConfig, str | None]:
+    """The config `check`'s kill table runs on, and why it is not `config` (None when it is).
+
+    Above CONTROLS_MAX_MODEL_LEN: the same config (layout, block size, batch, flags, pool and
+    limits as given) at that max_model_len, whose derived sizes follow it. A config that names its
+    own KV or query rungs keeps its size: the rungs are what it is about. So does one the sibling
+    would make invalid (an explicit pool or limit too small for it)."""
+    top = CONTROLS_MAX_MODEL_LEN
+    if config.max_model_len <= top or config.kv_buckets is not None or config.query_buckets is not None:
+        return config, None
+    try:
+        sibling = config.with_(max_model_len=top)
+    except ConfigError:
+        return config, None
+    return sibling, (
+        f"max_model_len {config.max_model_len} is above {top}: each fault's run would warm up every prefill "
+        f"bucket to {config.max_model_len} tokens, so the catalog runs on the same config at max_model_len {top}; "
+        "`spyre-verify controls` with this run's flags runs it on the config itself"
+    )
 
 
 def fault_catalog(rt: Probe) -> dict[str, str]:
@@ -95,7 +128,9 @@ def fault_row(
 ) -> KillRow:
     """One row of the kill table: the fault's run, stopped at its expected checker's first violation.
     A plain function of picklable arguments, so a worker process can run it."""
-    return kill_row(name, run_fault(config, name, workload, runtime=runtime, stop_at=expected), expected)
+    t0 = time.perf_counter()
+    result = run_fault(config, name, workload, runtime=runtime, stop_at=expected)
+    return replace(kill_row(name, result, expected), seconds=time.perf_counter() - t0)
 
 
 def catalog_workers(config: RuntimeConfig, faults_to_run: int) -> int:

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from spyre_verify.controls import (
         catalog_workers,
         collect_rows,
+        controls_config,
         fault_catalog,
         kill_table,
         run_fault,
@@ -124,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.fault and "per_sequence_decode" not in rt.capabilities:
         done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
     per_seq = not args.fault and done.per_seq_not_run is None and config.batched_decode
+    # A production-size config's faults run on a smaller sibling (`controls_config`), with its own workload.
+    on, why = controls_config(config) if names else (config, None)
+    on_work = work if why is None else seeded_workload(on, args.requests, args.seed, endings=True)
     # A large config's fault runs, and its per-sequence pass, each take minutes: they run in worker
     # processes beside the main pass, one a core, instead of after it.
     workers = catalog_workers(config, len(names)) if names else 1
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with pool or contextlib.nullcontext():
             beside = pool.submit(per_sequence_pass, config, work, rt.target) if pool and per_seq else None
-            pending = submit_faults(pool, config, tuple(work), names, rt.target, catalog) if pool else {}
+            pending = submit_faults(pool, on, tuple(on_work), names, rt.target, catalog) if pool else {}
             if pool:
                 say(
                     f"beside the main pass, in {workers} worker processes: {len(names)} faults"
@@ -156,12 +160,14 @@ def run(args: argparse.Namespace) -> int:
                 )
             if names:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
+                if why:
+                    say(f"fault catalog at max_model_len {on.max_model_len}: {why}")
                 done.stage = "the fault catalog"
                 t0 = started if pool else time.perf_counter()
                 if pool:
                     collect_rows(pool, pending, names, done.rows, say)
                 else:
-                    kill_table(config, work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
+                    kill_table(on, on_work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
                 done.catalog_seconds = time.perf_counter() - t0
     except KeyboardInterrupt:
         path = write_partial(args.out, name, config, args.fault, done)
@@ -172,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
     p["phases"] = done.phases()
-    p["controls_not_applicable"] = faults.not_applicable(config) if rt.bundled and p["controls"] is not None else {}
+    p["controls_not_applicable"] = faults.not_applicable(on) if rt.bundled and p["controls"] is not None else {}
+    p["controls_config"] = {"max_model_len": on.max_model_len, "why": why} if why else None
     crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
     p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
     write_json(args.out / f"{name}.json", p)
@@ -199,7 +206,8 @@ def verdict_line(p: dict[str, Any]) -> str:
         f"tokens match the reference: {'not run' if p['tokens_match_reference'] is None else 'yes' if p['tokens_match_reference'] else 'NO'}",
     ]
     if p["controls"] is not None:
-        parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught")
+        at = f" (at max_model_len {p['controls_config']['max_model_len']})" if p.get("controls_config") else ""
+        parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught{at}")
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
     if p.get("not_observed"):

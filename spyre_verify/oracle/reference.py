@@ -45,8 +45,10 @@ def forward(model: TinyTransformer, token_ids: list[int], start: int, cache: lis
             cache.append((k, v))
         if layer == last:  # only the last token's logits are asked for: its row alone, not n of them
             q, x, causal = q[-1:], x[-1:], causal[-1:]
-        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        # Scaled and masked in place: at 8192 tokens the scores are a gigabyte, and each copy of
+        # them cost as much as the product itself.
+        scores = torch.einsum("qhd,khd->hqk", q.float() / math.sqrt(q.shape[-1]), k.float())
+        probs = scores.masked_fill_(~causal, float("-inf")).softmax(dim=-1)
         attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
         x = model.finish_layer(layer, x, attn)
     return model.logits(x[-1:])[0]
