@@ -418,8 +418,8 @@ BUGS: list[Bug] = [
     bug(
         "prefill-mask-drops-first-token",
         "runtime/attention.py",
-        "        real_key = pos[None, :] >= left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)\n",
-        "        real_key = pos[None, :] > left_pad.reshape(1, 1) if mask_padding else torch.ones_like(causal)\n",
+        "        first = torch.minimum(pos, left_pad.reshape(1)) if mask_padding else torch.zeros_like(pos)\n",
+        "        first = torch.minimum(pos, left_pad.reshape(1) + 1) if mask_padding else torch.zeros_like(pos)\n",
         "prefill masks the first real token as if it were padding",
         KERNEL,
     ),

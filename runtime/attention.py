@@ -7,6 +7,7 @@ tile, p.V over a [block_size, 16 dims] tile, p.V summed per block first (split-K
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -51,10 +52,12 @@ def make_batched(mask_padding: bool = True):
     return batched_decode_attention
 
 
-# Prefill's queries in this many causal slices, each against only the keys up to its last query:
-# 5/8 of the full [T, T] product and softmax. At 8,192 tokens on CPU, 4 slices cost 0.6x of one
-# and 8 slices 0.55x, but 8 double the ops Dynamo traces for each of the ladder's prefill graphs.
-PREFILL_SLICES = 4
+# From SLICED_FROM tokens, prefill's queries in this many causal slices, each against only the
+# keys up to its last query: 5/8 of the full [T, T] product and softmax. At 8,192 tokens on CPU, 4
+# slices cost 0.6x of one and 8 slices 0.55x, but 8 double the ops Dynamo traces for each of the
+# ladder's prefill graphs. Below it the scores are at most 16 MB and one product is as fast; and
+# a graph compiled with dynamic shapes (the dynamic-shapes fault) stays one graph for all of them.
+PREFILL_SLICES, SLICED_FROM = 4, 1024
 
 
 def make_prefill(mask_padding: bool = True):
@@ -65,9 +68,12 @@ def make_prefill(mask_padding: bool = True):
         # query (no real key) only itself, which keeps its softmax finite.
         first = torch.minimum(pos, left_pad.reshape(1)) if mask_padding else torch.zeros_like(pos)
         qh, kt, vh = q.float().transpose(0, 1), k.float().permute(1, 2, 0), v.float().transpose(0, 1)
-        zero, rows, out = torch.zeros((), device=q.device), -(-t // PREFILL_SLICES), []
-        for lo in range(0, t, rows):
-            hi = min(t, lo + rows)
+        zero, out = torch.zeros((), device=q.device), []
+        # Bounds from t, not a loop over it: under dynamic shapes (the dynamic-shapes fault) t is
+        # symbolic, and a loop whose count it set would pin the graph to one size.
+        slices = PREFILL_SLICES if t >= SLICED_FROM else 1
+        bounds = [t * i // slices for i in range(slices + 1)]
+        for lo, hi in itertools.pairwise(bounds):
             keys = pos[None, :hi]
             valid = (keys <= pos[lo:hi, None]) & (keys >= first[lo:hi, None])
             # The mask rides in as the GEMM's bias: at T 8192 the scores are a gigabyte, and every

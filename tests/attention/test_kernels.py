@@ -189,6 +189,22 @@ def test_prefill_matches_naive(runners: dict[str, KernelRunner], tokens: int) ->
     assert_compiled_once(runners[PREFILL], bucket)
 
 
+@pytest.mark.parametrize("tokens", [8, 12, 13, 17])  # slices of equal and unequal rows, some of one row
+def test_sliced_prefill_matches_naive(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From SLICED_FROM tokens the queries run in causal slices: the same outputs, padding rows
+    finite, and without the mask (mask-leak) still wrong."""
+    monkeypatch.setattr(attention, "SLICED_FROM", 8)
+    gen = torch.Generator().manual_seed(20_000 + tokens)
+    lp = randint(gen, 0, tokens - 1)
+    q, k, v = (torch.randn(tokens, HEADS, DIM, generator=gen) for _ in range(3))
+    got = attention.make_prefill()(q, k, v, torch.tensor([lp]))
+    assert_close(got[lp:], naive_prefill(q, k, v, lp, tokens))
+    assert torch.isfinite(got).all()
+    if lp:
+        leaky = attention.make_prefill(mask_padding=False)(q, k, v, torch.tensor([lp]))
+        assert not torch.allclose(leaky[lp:].double(), naive_prefill(q, k, v, lp, tokens), **TOL)
+
+
 # -- the reference can fail: the mask-leak seam disagrees with it --------------------------------------
 def test_unmasked_decode_kernels_disagree_with_naive() -> None:
     gen = torch.Generator().manual_seed(7)
