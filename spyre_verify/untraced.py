@@ -44,6 +44,7 @@ def _untraced(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _suspended.tracer = outer
 
+    run.untraced = True  # type: ignore[attr-defined]
     return run
 
 
@@ -62,14 +63,18 @@ def _retraced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-@functools.cache
 def compile_untraced() -> None:
-    """Once a process. A torch without these names (they are private) is left alone."""
+    """Once a process, told by the installed wrapper itself: a wrapper inside another would run
+    the user compiler untraced (the inner one saves "no tracer"). Not a functools.cache, which a
+    test that clears the harness's memos clears too. A torch without these names (they are
+    private) is left alone."""
     from torch._dynamo import convert_frame, output_graph
     from torch._dynamo.backends import registry
 
     graph = output_graph.OutputGraph
     if not (hasattr(convert_frame, "_compile") and hasattr(graph, "_call_user_compiler")):
+        return
+    if getattr(convert_frame._compile, "untraced", False):
         return
     convert_frame._compile = _untraced(convert_frame._compile)
     graph._call_user_compiler = _retraced(graph._call_user_compiler)  # type: ignore[method-assign]

@@ -105,3 +105,19 @@ def test_a_compile_after_a_traced_one_gets_no_stale_tracer_back() -> None:
     finally:
         sys.settrace(before)
     assert seen == [tracer, None]
+
+
+def test_installing_again_after_the_memos_are_cleared_wraps_once() -> None:
+    """The bounded hunt's test clears every memo of the harness; a second install after it must
+    not wrap Dynamo's compile inside itself, which ran every later user compiler untraced."""
+    from torch._dynamo import convert_frame
+
+    from spyre_verify.untraced import compile_untraced
+    from tests.runtime.test_bounded_hunt import forget_memoised_answers
+
+    installed = convert_frame._compile
+    forget_memoised_answers()
+    compile_untraced()
+    assert convert_frame._compile is installed
+    assert not getattr(convert_frame._compile.__wrapped__, "untraced", False)
+    test_the_tracer_is_off_inside_dynamo_and_on_in_the_user_compiler()
