@@ -52,7 +52,7 @@ class KillRow:
 
 
 # Above this max_model_len `check` runs its kill table on a sibling config with this one. Every
-# fault run compiles, and warmup runs once, every prefill bucket: one a block up to max_model_len,
+# fault run compiles, and warmup runs once, every bucket; padded, a prefill one a block up to max_model_len,
 # at a cost that grows with its cube. At 8,192 tokens (128 prefill buckets) one fault's warmup cost
 # 50 to 120 CPU seconds and 14 faults more than the rest of the check together; at 2,048 they
 # cost 16 times fewer tokens squared and all 14 run in about two minutes.
@@ -65,7 +65,7 @@ def controls_config(config: RuntimeConfig) -> tuple[RuntimeConfig, str | None]:
     Above CONTROLS_MAX_MODEL_LEN: the same config (layout, block size, batch, flags, pool and
     limits as given) at that max_model_len, whose derived sizes follow it. A config that names its
     own KV or query rungs keeps its size: the rungs are what it is about. So does one the sibling
-    would make invalid (an explicit pool or limit too small for it)."""
+    would make invalid (a block size of 2,048 or more)."""
     top = CONTROLS_MAX_MODEL_LEN
     if config.max_model_len <= top or config.kv_buckets is not None or config.query_buckets is not None:
         return config, None
@@ -74,8 +74,8 @@ def controls_config(config: RuntimeConfig) -> tuple[RuntimeConfig, str | None]:
     except ConfigError:
         return config, None
     return sibling, (
-        f"max_model_len {config.max_model_len} is above {top}: each fault's run would warm up every prefill "
-        f"bucket to {config.max_model_len} tokens, so the catalog runs on the same config at max_model_len {top}; "
+        f"max_model_len {config.max_model_len} is above {top}: each fault's run would warm up every bucket "
+        f"to {config.max_model_len} tokens, so the catalog runs on the same config at max_model_len {top}; "
         "`spyre-verify controls` with this run's flags runs it on the config itself"
     )
 

@@ -34,7 +34,8 @@ def tune_process() -> None:
         compile_untraced()
 
 
-# PyTorch's CPU allocator reads it at its first large allocation (c10's alloc_cpu).
+# PyTorch's CPU allocator reads it once, at the process's first CPU allocation of any size (c10's
+# alloc_cpu), so the CLI sets it before anything builds a tensor.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 
 

@@ -70,6 +70,10 @@ class Done:
     per_seq: PassOutcome | None = None
     rows: list[KillRow] = field(default_factory=list)
     per_seq_not_run: str | None = None
+    # The kill table's own config, when it is not the checked one: max_model_len, why, and the
+    # clean run that shows its checkers quiet there (controls.controls_config).
+    controls_config: dict[str, Any] | None = None
+    sibling_clean: PassOutcome | None = None
     faults: int = 0  # the faults the catalog seeds on this config
     started: float = field(default_factory=time.perf_counter)
     # Wall seconds of the fault catalog (the per-sequence pass carries its own). In worker
@@ -99,6 +103,17 @@ def per_sequence_pass(
     return outcome_of(result, time.perf_counter() - t0)
 
 
+def sibling_clean_pass(config: RuntimeConfig, work: list[Item], runtime: str) -> PassOutcome:
+    """The kill table's clean run on its sibling config, under the fault runs' backend: a fault
+    caught there counts only if the same checker is quiet without it."""
+    from spyre_verify.controls import CONTROL_BACKEND
+    from spyre_verify.session import verify
+
+    t0 = time.perf_counter()
+    result = verify(config.with_(backend=CONTROL_BACKEND), workload=work, controls=False, runtime=runtime)
+    return outcome_of(result, time.perf_counter() - t0)
+
+
 def run(args: argparse.Namespace) -> int:
     from spyre_verify.controls import (
         catalog_workers,
@@ -125,9 +140,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.fault and "per_sequence_decode" not in rt.capabilities:
         done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
     per_seq = not args.fault and done.per_seq_not_run is None and config.batched_decode
-    # A production-size config's faults run on a smaller sibling (`controls_config`), with its own workload.
-    on, why = controls_config(config) if names else (config, None)
+    # A production-size config's faults run on a smaller sibling (`controls_config`), with its own
+    # workload and its own clean run; the bundled runtime's only: another's sizes are its own.
+    on, why = controls_config(config) if names and rt.bundled else (config, None)
     on_work = work if why is None else seeded_workload(on, args.requests, args.seed, endings=True)
+    done.controls_config = {"max_model_len": on.max_model_len, "why": why} if why else None
     # A large config's fault runs, and its per-sequence pass, each take minutes: they run in worker
     # processes beside the main pass, one a core, instead of after it.
     workers = catalog_workers(config, len(names)) if names else 1
@@ -137,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         with pool or contextlib.nullcontext():
             beside = pool.submit(per_sequence_pass, config, work, rt.target) if pool and per_seq else None
             pending = submit_faults(pool, on, tuple(on_work), names, rt.target, catalog) if pool else {}
+            sibling = pool.submit(sibling_clean_pass, on, on_work, rt.target) if pool and why else None
             if pool:
                 say(
                     f"beside the main pass, in {workers} worker processes: {len(names)} faults"
@@ -162,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 if why:
                     say(f"fault catalog at max_model_len {on.max_model_len}: {why}")
+                    done.sibling_clean = sibling.result() if sibling else sibling_clean_pass(on, on_work, rt.target)
                 done.stage = "the fault catalog"
                 t0 = started if pool else time.perf_counter()
                 if pool:
@@ -179,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
     p["interrupted"] = False
     p["phases"] = done.phases()
     p["controls_not_applicable"] = faults.not_applicable(on) if rt.bundled and p["controls"] is not None else {}
-    p["controls_config"] = {"max_model_len": on.max_model_len, "why": why} if why else None
+    p["controls_config"] = controls_payload(done)
+    if done.sibling_clean is not None and not done.sibling_clean.ok:
+        p["verdict"] = "fail"
     crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
     p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
     write_json(args.out / f"{name}.json", p)
@@ -190,6 +211,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"the runtime crashed; its traceback is in {crashed['file']}")
     say(verdict_line(p))
     return 0 if p["verdict"] == "pass" else 1
+
+
+def controls_payload(done: Done) -> dict[str, Any] | None:
+    """The report's `controls_config`: null when the kill table ran on the checked config."""
+    if done.controls_config is None:
+        return None
+    clean = done.sibling_clean.summary if done.sibling_clean is not None else {"verdict": "not run"}
+    return {**done.controls_config, "clean_run": clean}
 
 
 def verdict_line(p: dict[str, Any]) -> str:
@@ -206,7 +235,8 @@ def verdict_line(p: dict[str, Any]) -> str:
         f"tokens match the reference: {'not run' if p['tokens_match_reference'] is None else 'yes' if p['tokens_match_reference'] else 'NO'}",
     ]
     if p["controls"] is not None:
-        at = f" (at max_model_len {p['controls_config']['max_model_len']})" if p.get("controls_config") else ""
+        on = p.get("controls_config")
+        at = f" (at max_model_len {on['max_model_len']}, clean run {on['clean_run']['verdict'].upper()})" if on else ""
         parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught{at}")
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
@@ -254,5 +284,6 @@ def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Do
     if done.stage == "the fault catalog":
         done.stage += f" ({len(done.rows)} of {done.faults} run)"
     p |= {"verdict": "interrupted", "interrupted": True, "interrupted_during": done.stage, "phases": done.phases()}
+    p["controls_config"] = controls_payload(done)
     write_atomic(out / f"{name}.md", md)
     return write_json(out / f"{name}.json", p)

@@ -156,7 +156,8 @@ def markdown(p: dict[str, Any]) -> str:
         ]
         lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
         if on := p.get("controls_config"):
-            lines += [f"Run at max_model_len {on['max_model_len']}: {on['why']}.", ""]
+            clean = on["clean_run"]["verdict"].upper()
+            lines += [f"Run at max_model_len {on['max_model_len']} (its clean run there: {clean}): {on['why']}.", ""]
         if skipped := p.get("controls_not_applicable"):
             lines += ["Not seeded on this config: " + "; ".join(f"{n} ({why})" for n, why in skipped.items()), ""]
     rows = [[b, str(n)] for b, n in p["dispatch"].items()]

@@ -24,6 +24,7 @@ from pathlib import Path
 from runtime.errors import ConfigError, RequestError
 from spyre_verify import __version__, cli
 from spyre_verify.cli.args import check_dir
+from spyre_verify.defaults import use_huge_pages
 from spyre_verify.errors import UsageError
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -141,6 +142,7 @@ def check_dirs(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    use_huge_pages()  # before any command builds a tensor: the allocator reads it once
     args: argparse.Namespace | None = None
     prog = PROG
     try:
