@@ -6,12 +6,11 @@ harness, and the worker processes a check spawns, run on huge pages."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
-from spyre_verify.bench.scale_check import ROOT
+from spyre_verify.bench.scale_check import checkout_env
 from spyre_verify.defaults import HUGE_PAGES_ENV
 from spyre_verify.messages import Progress
 
@@ -35,8 +34,7 @@ print(after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
 
 def ladder_cpu(longest: int, huge: bool) -> tuple[float, float]:
     """(user, system) CPU seconds of the prefill kernel at every STRIDE-th block multiple of 64."""
-    env = {**os.environ, HUGE_PAGES_ENV: "1" if huge else "0"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = checkout_env(**{HUGE_PAGES_ENV: "1" if huge else "0"})
     cmd = [sys.executable, "-c", LADDER, str(longest), str(STRIDE)]
     user, system = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout.split()
     return float(user), float(system)

@@ -23,9 +23,15 @@ IDS = ("8", "8b")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout holding spyre_verify/ and runtime/
 
 
+def checkout_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child interpreter that imports this checkout, plus `extra`."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def run_check(flags: tuple[str, ...], out: Path, limit: float) -> tuple[float, dict[str, Any], str]:
     """Wall seconds, the check report ({} when none was written) and the last line it printed."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = checkout_env()
     cmd = [sys.executable, "-m", "spyre_verify", "check", *flags, "--out", str(out)]
     t0 = time.perf_counter()
     try:

@@ -90,28 +90,32 @@ class Done:
         return {k: round(v, 3) for k, v in out.items()}
 
 
+def serving_pass(
+    config: RuntimeConfig, work: list[Item], runtime: str, progress: Progress | None = None
+) -> PassOutcome:
+    """A second run of traffic, without the control calls, in brief and timed. A plain function of
+    picklable arguments, so a worker process can run it."""
+    from spyre_verify.session import verify
+
+    t0 = time.perf_counter()
+    result = verify(config, workload=work, controls=False, progress=progress, runtime=runtime)
+    return outcome_of(result, time.perf_counter() - t0)
+
+
 def per_sequence_pass(
     config: RuntimeConfig, work: list[Item], runtime: str, progress: Progress | None = None
 ) -> PassOutcome:
     """The same traffic with batched decode off: with it on, the per-sequence kernel only ever
-    serves one row. A plain function of picklable arguments, so a worker process can run it."""
-    from spyre_verify.session import verify
-
-    t0 = time.perf_counter()
-    no_batched = config.with_(batched_decode=False)
-    result = verify(no_batched, workload=work, controls=False, progress=progress, runtime=runtime)
-    return outcome_of(result, time.perf_counter() - t0)
+    serves one row."""
+    return serving_pass(config.with_(batched_decode=False), work, runtime, progress)
 
 
 def sibling_clean_pass(config: RuntimeConfig, work: list[Item], runtime: str) -> PassOutcome:
     """The kill table's clean run on its sibling config, under the fault runs' backend: a fault
     caught there counts only if the same checker is quiet without it."""
     from spyre_verify.controls import CONTROL_BACKEND
-    from spyre_verify.session import verify
 
-    t0 = time.perf_counter()
-    result = verify(config.with_(backend=CONTROL_BACKEND), workload=work, controls=False, runtime=runtime)
-    return outcome_of(result, time.perf_counter() - t0)
+    return serving_pass(config.with_(backend=CONTROL_BACKEND), work, runtime)
 
 
 def run(args: argparse.Namespace) -> int:
