@@ -28,7 +28,9 @@ from spyre_verify.protocol import CAPABILITIES, Settings
 
 class BundledRuntime(Engine):
     name = "bundled"
-    capabilities = frozenset(CAPABILITIES)
+    # Every capability but the real plugin's two: its pool has no padding sink, and its reservations
+    # are judged by the contract's own model (contract-conformance).
+    capabilities = frozenset(CAPABILITIES) - {"reservations", "padding_sink"}
     refusal = RequestError  # what it raises to refuse; any other ValueError is a bug, not a refusal
 
     def __init__(self, config: RuntimeConfig, *args: Any, **kwargs: Any) -> None:

@@ -27,7 +27,8 @@ EVENTS = {
     "run: a live read-only view, so no owner is looked up unless a rule asks; read it in the handler, copy it "
     "to keep it), num_blocks, null_block",
     "kv_write": "(paging) every KV slot a step writes, one event a step, before its kernels run: step, slots "
-    "(block * block_size + offset), writers (the request writing each slot), owners (as for block_table)",
+    "(block * block_size + offset), writers (the request writing each slot; None for a padding position, which "
+    "only a runtime with `padding_sink` may write, and only into that block), owners (as for block_table)",
 }
 
 # The optional capabilities and what each offers; `check_runtime` verifies the attributes.
@@ -50,6 +51,13 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # exposes `config` as a `runtime.config.RuntimeConfig` and `builder` for probing: the
     # contract checkers, the reachable-set oracle and the coverage traffic need it.
     "design_contract": ("builder",),
+    # `reservations()`: request id -> blocks the scheduler holds in reserve for it. Liveness then
+    # holds every reservation to a live request (`leaked-reservation`).
+    "reservations": ("reservations",),
+    # `padding_sink`: a block the runtime writes padding positions' KV into on purpose and never
+    # reads unmasked (the real plugin's block 0). A `kv_write` writer of None is a padding position;
+    # it may land there and nowhere else, and KV integrity leaves that block out.
+    "padding_sink": ("padding_sink",),
 }
 
 CORE = (

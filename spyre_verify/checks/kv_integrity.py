@@ -95,6 +95,9 @@ class KVIntegrity:
         self.block_size = engine.config.block_size
         self.runtime = engine
         self.null = engine.null_block
+        # A declared padding sink takes padding writes on purpose and is never read unmasked: not watched.
+        caps: frozenset[str] = getattr(engine, "capabilities", frozenset())
+        self.sink = getattr(engine, "padding_sink", None) if "padding_sink" in caps else None
         self.num_blocks = engine.num_blocks
         self.checks = 0
         self.blocks_read = 0  # blocks gathered by the checks: what the incremental design keeps small
@@ -108,7 +111,7 @@ class KVIntegrity:
             self.held[b] = Held(owner, since)
 
     def on_dispatch(self, ev: DispatchEvent) -> None:
-        if self.null not in self.held:  # the first step: nothing may ever write the null block
+        if self.null not in self.held and self.null != self.sink:  # the first step: nothing may write the null block
             self._watch([self.null], [None], ev.step - 1)
 
     def on_kv_write(self, ev: KVWriteEvent) -> None:
@@ -118,6 +121,8 @@ class KVIntegrity:
         allowed = ev.slots if self.allowed is None else self.allowed(ev)
         for slot in allowed:
             b, off = divmod(slot, bs)
+            if b == self.sink:
+                continue
             if b in dirty:
                 dirty[b].add(off)
             elif 0 <= b < self.num_blocks:
@@ -125,7 +130,7 @@ class KVIntegrity:
                 if b not in self.held:
                     fresh[b] = ev.owners.get(b)
         if allowed is not ev.slots:  # a block announced but not promised: looked at, none of its slots may change
-            for b in {s // bs for s in ev.slots} - dirty.keys():
+            for b in {s // bs for s in ev.slots} - dirty.keys() - {self.sink}:
                 if 0 <= b < self.num_blocks:
                     dirty[b] = set()
                     if b not in self.held:

@@ -64,6 +64,9 @@ class PaddingValidity(Checker):
                 "wrong-null-block",
                 f"the runtime's null_block is {own}, but DESIGN reserves block {DESIGN_NULL_BLOCK} for padding",
             )
+        caps: frozenset[str] = getattr(engine, "capabilities", frozenset())
+        # The runtime's declared padding sink (protocol `padding_sink`): padding positions may write there only.
+        self.sink = getattr(engine, "padding_sink", None) if "padding_sink" in caps else None
         if self.kv_integrity and "kv_cache" not in getattr(engine, "capabilities", frozenset({"kv_cache"})):
             self.integrity_not_run = "KV integrity needs kv_cache"
             self.kv_integrity = False
@@ -216,18 +219,27 @@ class PaddingValidity(Checker):
         if blocks and null not in blocks and len(blocks) == len(writers):
             try:  # the common case, at C speed: one call looks every owner up (a bare value for one slot)
                 got = itemgetter(*blocks)(owners)
-            except KeyError:
-                got = None
+            except KeyError:  # a free block: no writer, not even a padding one (None), may match it
+                got = KeyError
             if got == (writers[0] if len(blocks) == 1 else tuple(writers)):
                 return
-        for b, writer in sorted(
-            {(b, w) for b, w in zip(blocks, writers, strict=True) if b == null or owners.get(b) != w}
-        ):
+        odd = {(b, w) for b, w in zip(blocks, writers, strict=True) if w is None or b == null or owners.get(b) != w}
+        for b, writer in sorted(odd, key=lambda bw: (bw[0], bw[1] or "")):
+            if writer is None and b == self.sink:
+                continue  # a padding position, where the runtime sinks padding on purpose
             where = [s for s, w in zip(slots, writers, strict=True) if w == writer and s // bs == b]
-            bucket = self.ragged.bucket_of(ev.step, writer)  # a ragged step's writer: the call it is in
+            bucket = self.ragged.bucket_of(ev.step, writer) if writer is not None else None
             at = f"step {ev.step}" if bucket is None else f"step {ev.step} ({bucket})"
             named = {} if bucket is None else {"bucket": str(bucket)}
-            if b == null:
+            if writer is None:
+                held = f"owned by {owners[b]}" if owners.get(b) is not None else "a free block"
+                rule = (
+                    f"padding may land only in the runtime's padding sink, block {self.sink}"
+                    if self.sink is not None
+                    else "padded positions are never written"
+                )
+                self.flag("padding-write", f"{at}: padding positions write slots {where} in block {b} ({held}): {rule}")
+            elif b == null:
                 self.flag("null-write", f"{at}: {writer} writes slots {where} in the null block", **named)
             else:
                 self.flag(

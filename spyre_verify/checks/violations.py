@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 NOT_OBSERVED = "not-observed"
+# A runtime that follows neither of DESIGN's layouts (the real plugin): every layout-free checker
+# judges it; those that judge one layout's contract need `design_contract`, which it lacks.
+NO_LAYOUT = "none"
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Checker:
         lacking = sorted(self.needs - capabilities)
         if lacking:
             self.not_run = f"the runtime does not offer {', '.join(lacking)}"
-        elif layout not in self.layouts:
+        elif layout != NO_LAYOUT and layout not in self.layouts:
             self.not_run = f"its rule is the {' and '.join(self.layouts)} layout's, and this run is {layout}"
         return self.not_run is not None
 
