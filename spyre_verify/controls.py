@@ -145,6 +145,18 @@ def catalog_workers(config: RuntimeConfig, faults_to_run: int) -> int:
     return min(cores, faults_to_run)
 
 
+def foreign_workers(target: str, faults_to_run: int) -> int:
+    """Worker processes for another runtime's kill table: one a core when its factory says that a
+    run costs seconds (`parallel_faults`, the real plugin's: each fault run imports vLLM and warms an
+    engine), else one (a spawned worker's torch import would cost more than the runs it shares)."""
+    from spyre_verify.runtimes import load_factory
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if faults_to_run < 2 or cores < 2 or not getattr(load_factory(target), "parallel_faults", False):
+        return 1
+    return min(cores, faults_to_run)
+
+
 def kill_row(name: str, result: RunResult, expected: str | None = None) -> KillRow:
     expected = expected or faults.get(name).checker
     by = tuple(c.name for c in result.checkers if c.violations)
@@ -236,4 +248,6 @@ def run_catalog(
 
     torch._dynamo.reset()
     clean = verify(config, workload=workload, progress=progress, runtime=runtime)
-    return clean, kill_table(config, workload, names, progress, runtime=runtime, catalog=catalog)
+    n = len(names or catalog or ())
+    workers = None if runtime == BUNDLED_FACTORY else foreign_workers(runtime, n)
+    return clean, kill_table(config, workload, names, progress, runtime=runtime, catalog=catalog, workers=workers)

@@ -22,6 +22,7 @@ from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
+from spyre_verify.checks.liveness import Liveness
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
@@ -33,6 +34,7 @@ from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import Runtime, layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
+from spyre_verify.tape import Tape, Taped
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.workload import Arrival, Item, seeded_workload
 
@@ -58,6 +60,7 @@ def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample
         *always_on(strict, kv_integrity),
         WarmupExactness(strict),
         OutputEquivalence(strict, sample=output_sample),
+        Liveness(strict),
         RuntimeCrash(),
     ]
 
@@ -113,6 +116,8 @@ class RunResult:
     crowds: dict[str, Any] = field(default_factory=dict)  # without the contract: the crowd traffic (`crowds.py`)
     # Wall seconds by phase (warmup, traffic, coverage, reference, checks, controls): where a slow run's time went.
     phases: dict[str, float] = field(default_factory=dict)
+    tape: Tape = field(default_factory=Tape)  # every call the run made on the runtime (`spyre_verify.tape`)
+    rules: dict[str, str] = field(default_factory=dict)  # where the runtime's rules differ from DESIGN's, and how
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -259,6 +264,7 @@ def verify(
     engine = open_runtime(runtime, settings)
     try:
         result.runtime = engine.name
+        result.rules = dict(getattr(engine, "rules", {}) or {})
         contract = "design_contract" in engine.capabilities
         crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()
@@ -272,6 +278,8 @@ def verify(
             return result
         checkers = [c for c in checkers if c.not_run is None]
         graph = graph if graph in checkers else None
+        driven = Taped(engine, checkers)  # the traffic's calls, kept for a finding's reproducer
+        result.tape = driven.tape
         stage = "warmup"
         served: tuple[int, int] = (0, 0)  # the seeded workload's (accepted, refused)
         t0 = time.perf_counter()
@@ -291,21 +299,21 @@ def verify(
             t0 = time.perf_counter()
             with graph.guard() if graph is not None else contextlib.nullcontext():
                 with result.timing("traffic"):
-                    result.requests, result.rejected = served = serve(engine, workload, progress, checkers)
+                    result.requests, result.rejected = served = serve(driven, workload, progress, checkers)
                 if coverage:
                     # The edge of admission: each must be admitted or refused exactly as DESIGN says;
                     # then aborts of running requests, which the workload's queue makes rare.
                     with result.timing("traffic"):
                         for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)):
-                            edge = serve(engine, edges, progress, checkers)
+                            edge = serve(driven, edges, progress, checkers)
                             result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
                     stage = "coverage traffic"
                     with result.timing("coverage"):
-                        result.scenarios, result.coverage_problems = cover(engine, progress, checkers)
+                        result.scenarios, result.coverage_problems = cover(driven, progress, checkers)
                 elif crowds:  # no walk to follow: every width at every length rung, then a bounded hunt
                     stage = "crowd traffic"
                     with result.timing("coverage"):
-                        result.crowds = crowd_traffic_for_check(engine, config, checkers, progress)
+                        result.crowds = crowd_traffic_for_check(driven, config, checkers, progress)
         except InvariantViolation as e:
             result.error = f"{stage} stopped: {e.violations[0]}"
         except Exception as e:  # the runtime under test raised: a finding, not a traceback

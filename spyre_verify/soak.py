@@ -24,6 +24,7 @@ from runtime.warmup import Seams
 from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
+from spyre_verify.checks.liveness import Liveness
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
@@ -155,7 +156,7 @@ def checkers_for(integrity_every: int) -> list[Checker]:
     """Every always-on checker, with padding validity also proving KV integrity every K steps."""
     padding = PaddingValidity(kv_integrity=True, integrity_every=integrity_every)
     checked = [padding if isinstance(c, PaddingValidity) else c for c in always_on()]
-    return [*checked, OutputEquivalence(sample=0), RuntimeCrash()]
+    return [*checked, OutputEquivalence(sample=0), Liveness(), RuntimeCrash()]
 
 
 def drive(engine: Any, work: list[Item], result: SoakResult, deadline: float, progress: Progress | None) -> None:
@@ -204,8 +205,15 @@ def audit_blocks(engine: Any, result: SoakResult) -> None:
         pool = engine.pool
         result.usable_blocks, result.free_blocks = pool.usable, pool.num_free
         result.reserved_left = {o: n for o, n in pool.snapshot()[2] if o not in running}
+    if "reservations" in engine.capabilities:  # another runtime's scheduler, read through the protocol
+        result.reserved_left = {o: n for o, n in engine.reservations().items() if n > 0 and o not in running}
     if "kv_cache" in engine.capabilities:
-        result.leaked = {b: o for b, o in engine.block_owners().items() if o not in running}
+        owners = engine.block_owners()
+        result.leaked = {b: o for b, o in owners.items() if o not in running}
+        if not isinstance(engine, BundledRuntime) and "paging" in engine.capabilities:
+            # Another runtime's pool: every block but the null block is usable; a block is free when nobody owns it.
+            result.usable_blocks = engine.num_blocks - 1
+            result.free_blocks = result.usable_blocks - len(owners)
     else:
         result.leak_audit = "not run: the runtime does not offer kv_cache (block_owners)"
 

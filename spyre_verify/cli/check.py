@@ -56,6 +56,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"{', '.join(faults.CATALOG)}",
     )
     p.add_argument("--no-controls", action="store_true", help="skip the fault catalog")
+    p.add_argument(
+        "--expect-finding",
+        metavar="CHECK/KIND",
+        action="append",
+        type=finding_kind,
+        default=[],
+        help="a known finding of this runtime (repeatable): exit 0 when the run finds every one given and "
+        "nothing else fails, 1 otherwise (a CI gate on a release with a known bug)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_DIR, help="report directory")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.set_defaults(run=run)
@@ -124,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         collect_rows,
         controls_config,
         fault_catalog,
+        foreign_workers,
         kill_table,
         run_fault,
         submit_faults,
@@ -151,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     done.controls_config = {"max_model_len": on.max_model_len, "why": why} if why else None
     # A large config's fault runs, and its per-sequence pass, each take minutes: they run in worker
     # processes beside the main pass, one a core, instead of after it.
-    workers = catalog_workers(config, len(names)) if names else 1
+    workers = (
+        (catalog_workers(config, len(names)) if rt.bundled else foreign_workers(rt.target, len(names))) if names else 1
+    )
     pool = worker_pool(workers) if workers > 1 else None
     started = time.perf_counter()
     try:
@@ -205,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     p["controls_config"] = controls_payload(done)
     if done.sibling_clean is not None and not done.sibling_clean.ok:
         p["verdict"] = "fail"
+    p["reproducer"] = write_reproducer(args.out, name, done.result, rt.target) if done.result.violations else None
     crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
     p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
     write_json(args.out / f"{name}.json", p)
@@ -214,7 +227,54 @@ def run(args: argparse.Namespace) -> int:
     if crashed:
         say(f"the runtime crashed; its traceback is in {crashed['file']}")
     say(verdict_line(p))
+    if args.expect_finding:
+        return expected_findings(p, args.expect_finding)
     return 0 if p["verdict"] == "pass" else 1
+
+
+def finding_kind(text: str) -> str:
+    check, _, kind = text.partition("/")
+    if not check or not kind:
+        raise argparse.ArgumentTypeError(f"{text!r}: give CHECK/KIND, e.g. liveness/stall")
+    return text
+
+
+def expected_findings(p: dict[str, Any], expected: list[str]) -> int:
+    """Exit 0 when the violations are exactly the expected kinds, every fault was caught and the run
+    itself did not stop short; else 1, naming what was missing or new."""
+    found = {f"{c['name']}/{v['kind']}" for c in p["checks"] for v in c["violations"]}
+    missing, new = sorted(set(expected) - found), sorted(found - set(expected))
+    escaped = [r["fault"] for r in p["controls"] or [] if not r["caught"]]
+    error = p["error"] if p["error"] and not found else None  # a failure with no finding of its own
+    problems = [
+        *([f"expected but not found: {', '.join(missing)}"] if missing else []),
+        *([f"found but not expected: {', '.join(new)}"] if new else []),
+        *([f"faults not caught: {', '.join(escaped)}"] if escaped else []),
+        *([error] if error else []),
+    ]
+    say("expected findings: " + ("; ".join(problems) if problems else f"all {len(expected)} found, nothing else"))
+    return 1 if problems else 0
+
+
+def write_reproducer(out: Path, name: str, result: Any, target: str) -> dict[str, Any]:
+    """`NAME-repro.json`: per finding, the calls of the main pass up to it, which `replay` re-issues
+    on a fresh runtime (`spyre_verify.tape`); the report keeps the file, and a command per finding."""
+    from spyre_verify.tape import KIND
+
+    found = result.tape.reproducers(result.checkers)
+    path = out / f"{name}-repro.json"
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "runtime": target,
+        "config": config_payload(result.config),
+        "findings": found,
+        "calls": result.tape.calls[: max(f["calls"] for f in found)],
+    }
+    write_json(path, data)
+    for i, f in enumerate(found, start=1):
+        f["command"] = f"spyre-verify replay {path} --index {i}" if f["replayable"] else None
+    return {"file": str(path), "findings": found}
 
 
 def controls_payload(done: Done) -> dict[str, Any] | None:

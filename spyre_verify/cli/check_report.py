@@ -87,6 +87,8 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: PassOutcome 
         "controls": [r.to_dict() for r in rows] if rows is not None else None,
         "per_sequence_pass": per_seq.summary if per_seq is not None else None,
         "error": result.error,
+        # Where the runtime declares rules of its own (the real plugin's padding sink, no ladder): which applied.
+        "rules": result.rules,
     }
 
 
@@ -144,6 +146,18 @@ def markdown(p: dict[str, Any]) -> str:
     ]
     header = ["check", "status", "violations", "observed", "first violation (or why not run)"]
     lines += ["## Checks", "", table(rows, header), ""]
+    if p.get("rules"):
+        lines += ["## Rules of this runtime", "", *(f"- {name}: {why}" for name, why in p["rules"].items()), ""]
+    if p.get("reproducer"):
+        r = p["reproducer"]
+        lines += ["## Reproducers", "", f"{r['file']}: each finding's calls on a fresh runtime.", ""]
+        lines += [
+            f"- `{f['command']}`: [{f['check']}/{f['kind']}] after {f['calls']} calls"
+            if f["command"]
+            else f"- [{f['check']}/{f['kind']}]: found by the harness's own traffic or calls, not replayable; rerun check"
+            for f in r["findings"]
+        ]
+        lines += [""]
     if p.get("not_observed"):
         lines += [f"Not observed (nothing to judge, so the run fails): {', '.join(p['not_observed'])}.", ""]
     if p["control_calls"]:

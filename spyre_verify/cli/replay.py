@@ -31,8 +31,13 @@ from spyre_verify.report import SCHEMA_VERSION
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="re-run a hunt finding's property on its shrunk case (exit 1 while it holds)")
-    p.add_argument("report", type=Path, help="the hunt report (hunt.json or hunt-FAULT.json)")
+    p = sub.add_parser(
+        "replay",
+        help="re-run a hunt finding's property on its shrunk case, or a check finding's calls (exit 1 while it holds)",
+    )
+    p.add_argument(
+        "report", type=Path, help="the hunt report (hunt.json or hunt-FAULT.json), or check's NAME-repro.json"
+    )
     p.add_argument(
         "--index", type=Count("--index"), default=1, help="which finding, 1-based as the hunt numbers them (default 1)"
     )
@@ -83,6 +88,23 @@ def load(report: Path, index: int) -> dict[str, Any]:
     if not isinstance(found[index - 1], dict):
         raise UsageError(f"{report}: finding {index} is not an object")
     return found[index - 1]
+
+
+def check_reproducer(report: Path) -> dict[str, Any] | None:
+    """The contents of a `check` reproducer (`-repro.json`), or None for any other file."""
+    from spyre_verify.tape import KIND
+
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # `load` names what is wrong with it
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        return None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{report}: schema_version {data.get('schema_version')!r}, this spyre-verify reads {SCHEMA_VERSION}"
+        )
+    return data
 
 
 def config_of(payload: dict[str, Any]) -> RuntimeConfig:
@@ -176,6 +198,11 @@ def rerun_hunt(args: argparse.Namespace, d: dict[str, Any]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check = check_reproducer(args.report)
+    if check is not None:
+        from spyre_verify.cli import replay_check
+
+        return replay_check.run(args, check)
     d = load(args.report, args.index)
     if d.get("property") == PROTOCOL:
         return rerun_hunt(args, d)

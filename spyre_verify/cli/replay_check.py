@@ -1,0 +1,72 @@
+"""`spyre-verify replay NAME-repro.json --index N`: a `check` finding re-issued on a fresh runtime.
+
+The file is what `check` writes beside its report when it finds something (`spyre_verify.tape`):
+the runtime's factory, the config, and the main pass's calls. The runtime is built from the
+same factory and config with no fault, warmed up and watched by a fresh instance of the one
+checker that found it; the calls up to the finding are made again, the checker is finished,
+and the run exits 1 when the same kind of violation shows, 0 when it does not (a fix applied,
+`--sendnn-fix` for the real plugin, shows here as exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from spyre_verify.errors import UsageError
+
+
+def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
+    from spyre_verify.checks.graph_reuse import counting_wrapper
+    from spyre_verify.cli.replay import config_of
+    from spyre_verify.protocol import layout_of
+    from spyre_verify.runtimes import open_runtime, settings_for
+    from spyre_verify.session import all_checkers
+    from spyre_verify.tape import replay
+
+    found, calls = data.get("findings"), data.get("calls")
+    if not isinstance(found, list) or not found or not isinstance(calls, list):
+        raise UsageError(f"{args.report}: no findings or calls in it; replay reads the -repro.json check writes")
+    if not 1 <= args.index <= len(found):
+        raise UsageError(f"--index {args.index}: {args.report} holds {len(found)} finding(s); give 1..{len(found)}")
+    if args.fault is not None:
+        raise UsageError(f"--fault {args.fault}: a check reproducer replays on the runtime as it is")
+    f = found[args.index - 1]
+    if isinstance(f, dict) and f.get("replayable") is False:
+        raise UsageError(
+            f"{args.report}: finding {args.index} ([{f.get('check')}/{f.get('kind')}]) was found by the harness's "
+            "own traffic or calls, which a replay does not make; rerun check"
+        )
+    try:
+        config, target, cut = config_of(data["config"]), str(data["runtime"]), int(f["calls"])
+        checker = next(c for c in all_checkers() if c.name == f["check"])
+    except (KeyError, TypeError, ValueError, StopIteration) as e:
+        raise UsageError(
+            f"{args.report}: finding {args.index} is not a check finding ({type(e).__name__}: {e})"
+        ) from None
+    print(f"replay: finding {args.index} of {args.report}, [{f['check']}/{f['kind']}], {cut} calls on {target}")
+    runtime = open_runtime(target, settings_for(config, counting_wrapper([checker])))
+    try:
+        if checker.skip(runtime.capabilities, layout_of(runtime)):
+            raise UsageError(
+                f"{args.report}: the {f['check']} check does not run on this runtime now: {checker.not_run}"
+            )
+        checker.attach(runtime)
+        runtime.warmup()
+        now = replay(runtime, calls[:cut], checker)
+    finally:
+        runtime.close()
+    same = [v for v in now.violations if v.kind == f["kind"]]
+    for v in same[:3]:
+        print(v)
+    if now.diverged:
+        print(f"note: the runtime did not follow the recorded calls ({now.diverged})")
+    if same:
+        exact = "the same message as the check's" if same[0].message == f["message"] else f"check said: {f['message']}"
+        print(f"reproduced: [{f['check']}/{f['kind']}] after {now.steps} steps, {exact}")
+        return 1
+    print(
+        f"does not reproduce: no {f['kind']} in {now.steps} steps"
+        + (f" (found: {now.violations[0]})" if now.violations else "")
+    )
+    return 0

@@ -1,0 +1,145 @@
+"""The calls a run made on its runtime, kept so that a finding replays on a fresh one.
+
+`check` drives its runtime through a `Taped` view: every `add_request`, `abort` and `step`
+is written down in order, and after each step the checkers' violation count is marked. A
+finding's reproducer is the tape up to the step that first showed it (`Tape.reproducer`):
+the same calls, in the same order, from an engine just warmed up, so a bug that builds up
+over many requests (a leaked reservation that only stalls admission once enough have leaked)
+is rebuilt as it grew. `replay` re-issues them on a runtime built from the same factory and
+sizes, with the one checker that found it attached (`replay`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spyre_verify.checks.crash import RuntimeCrash
+from spyre_verify.checks.violations import Checker, Violation
+from spyre_verify.serve_loop import refusal
+
+KIND = "check-reproducer"
+# The checkers that judge from the runtime's own events alone, so that the same calls on a fresh
+# runtime show their findings again. The others also judge the harness's traffic, preflight and
+# control calls (dispatch-coverage's coverage and crowd problems, graph-reuse's guard and
+# controls) or the config (ladders, exactness): for those, rerun `check`.
+REPLAYABLE = frozenset({"padding-validity", "output-equivalence", "liveness", "runtime-crash", "volume-limit"})
+
+
+@dataclass
+class Tape:
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    # Per checker, the tape's length when each of its violations was first seen.
+    marks: dict[str, list[int]] = field(default_factory=dict)
+
+    def mark(self, checkers: Sequence[Checker]) -> None:
+        for c in checkers:
+            seen = self.marks.setdefault(c.name, [])
+            seen += [len(self.calls)] * (len(c.violations) - len(seen))
+
+    def reproducers(self, checkers: Sequence[Checker]) -> list[dict[str, Any]]:
+        """Per (checker, kind), its first violation and how many calls of the tape show it (all of
+        them for one flagged at the end of the run), earliest first."""
+        self.mark(checkers)
+        first: dict[tuple[str, str], tuple[int, Violation]] = {}
+        for c in checkers:
+            for v, cut in zip(c.violations, self.marks[c.name], strict=True):
+                first.setdefault((v.check, v.kind), (cut, v))
+        return [
+            {"check": v.check, "kind": v.kind, "message": v.message, "calls": cut, "replayable": v.check in REPLAYABLE}
+            for cut, v in sorted(first.values(), key=lambda cv: cv[0])
+        ]
+
+
+class Taped:
+    """A runtime's serving face that writes every call down; everything else passes through."""
+
+    def __init__(self, runtime: Any, checkers: Sequence[Checker]) -> None:
+        self._runtime, self._checkers = runtime, checkers
+        self.tape = Tape()
+        self._adds: dict[str, int] = {}  # request id -> index of its add on the tape
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runtime, name)
+
+    def add_request(
+        self,
+        prompt_token_ids: object,
+        max_tokens: object,
+        request_id: object = None,
+        *,
+        stop_token_ids: object = (),
+        ignore_eos: object = False,
+    ) -> str:
+        prompt, stops = list(prompt_token_ids), list(stop_token_ids)  # type: ignore[call-overload]
+        call = {"op": "add", "prompt": prompt, "max_tokens": max_tokens, "stop_token_ids": stops}
+        call |= {"ignore_eos": ignore_eos}
+        index = len(self.tape.calls)
+        self.tape.calls.append(call)
+        try:  # the runtime names its requests: no driver passes an id of its own
+            rid = self._runtime.add_request(prompt, max_tokens, stop_token_ids=stops, ignore_eos=ignore_eos)
+        except refusal(self._runtime):
+            call["refused"] = True
+            raise
+        self._adds[str(rid)] = index
+        return str(rid)
+
+    def abort(self, request_id: object) -> Any:
+        call = {"op": "abort", "add": self._adds.get(str(request_id))}
+        self.tape.calls.append(call)
+        try:
+            return self._runtime.abort(request_id)
+        except refusal(self._runtime):  # the protocol's answer for an ended or unknown id: the replay expects it too
+            call["refused"] = True
+            raise
+
+    def step(self) -> Any:
+        self.tape.calls.append({"op": "step"})
+        try:
+            return self._runtime.step()
+        finally:
+            self.tape.mark(self._checkers)
+
+
+@dataclass
+class Replayed:
+    violations: list[Violation]
+    steps: int
+    diverged: str | None = None  # where the runtime did not follow the tape (a refusal that is not one now)
+
+
+def replay(runtime: Any, calls: Sequence[dict[str, Any]], checker: Checker) -> Replayed:
+    """Issue `calls` on a warmed `runtime` watched by `checker`, then finish it. A call the runtime
+    raises on ends the calls, recorded as a crash when the checker is the crash check."""
+    ids: dict[int, str] = {}
+    diverged: list[str] = []
+    refused_by = refusal(runtime)
+    try:
+        for i, call in enumerate(calls):
+            if call["op"] == "step":
+                runtime.step()
+            elif call["op"] == "add" or ids.get(call["add"]) is not None:  # an abort of a refused add is skipped
+                try:
+                    _issue(runtime, i, call, ids)
+                    refused = False
+                except refused_by:
+                    refused = True
+                if refused != bool(call.get("refused")):
+                    diverged.append(
+                        f"call {i}: {call['op']} {'refused' if refused else 'carried out'}, unlike in the run"
+                    )
+    except Exception as e:  # the runtime raised: what a crash finding replays to
+        if not isinstance(checker, RuntimeCrash):
+            raise
+        checker.record("replay", e)
+    checker.finish(runtime)
+    return Replayed(list(checker.violations), runtime.steps, diverged[0] if diverged else None)
+
+
+def _issue(runtime: Any, i: int, call: dict[str, Any], ids: dict[int, str]) -> None:
+    if call["op"] == "abort":
+        runtime.abort(ids[call["add"]])
+    else:
+        kw = {"stop_token_ids": call["stop_token_ids"], "ignore_eos": call["ignore_eos"]}
+        ids[i] = runtime.add_request(call["prompt"], call["max_tokens"], **kw)
