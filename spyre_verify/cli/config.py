@@ -27,6 +27,7 @@ from runtime.errors import ConfigError
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_TKV_LIMIT
 
 SIZES = ("block_size", "max_model_len", "max_num_seqs")
+ENV_SENDNN_FIX = "SPYRE_VERIFY_SENDNN_FIX"  # read by the sendnn adapter (`spyre_verify.sendnn.faults`)
 DEFAULT_POOL = CHECK_DEFAULTS["num_blocks"]
 RUNTIME_POOL = "max_num_seqs * ceil(max_model_len / block_size) + 1"
 
@@ -77,6 +78,13 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
         "sets it too (default: bundled)",
     )
     g.add_argument(
+        "--sendnn-fix",
+        metavar="NAME",
+        default=None,
+        help=f"--runtime sendnn: apply an outside fix for a finding (README, 'Found in real systems'); "
+        f"{ENV_SENDNN_FIX} sets it too (default: none)",
+    )
+    g.add_argument(
         "--backend",
         choices=BACKENDS,
         default=backend,
@@ -106,11 +114,16 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         if v is not None:
             kwargs[flag] = v
     embedded = not any(k in kwargs for k in (*SIZES, "num_blocks"))
+    env = os.environ if env is None else env
+    own = runtime_sizes(getattr(args, "runtime", None), env)
+    if own:  # a runtime that cannot run the embedded sizes (the real plugin) names its own, under the flags
+        kwargs = own | kwargs
+        embedded = False
+    _sendnn_fix(getattr(args, "sendnn_fix", None), getattr(args, "runtime", None), env)
     if embedded:
         kwargs["num_blocks"] = DEFAULT_POOL
     for k in SIZES:
         kwargs.setdefault(k, CHECK_DEFAULTS[k])
-    env = os.environ if env is None else env
     if getattr(args, "layout", None) is not None:
         kwargs["layout"] = args.layout
     env_layout = env.get(ENV_LAYOUT, "")
@@ -127,3 +140,30 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
     return RuntimeConfig.from_env(env, **kwargs)
+
+
+def runtime_sizes(spec: str | None, env: Mapping[str, str]) -> dict[str, int] | None:
+    """The sizes a named runtime runs by default, each where no flag gives it: its factory's
+    `default_sizes` (a runtime that fixes a size, as the real plugin fixes blocks of 64, names
+    sizes it can run). None for the bundled runtime and for a factory that names none."""
+    from spyre_verify.runtimes import BUNDLED_FACTORY, load_factory, resolve_name
+
+    target = resolve_name(spec, env)
+    if target == BUNDLED_FACTORY:
+        return None
+    sizes = getattr(load_factory(target), "default_sizes", None)
+    return {k: int(v) for k, v in sizes.items() if k in SIZES} if isinstance(sizes, Mapping) else None
+
+
+def _sendnn_fix(flag: str | None, spec: str | None, env: Mapping[str, str]) -> None:
+    """`--sendnn-fix` travels to the adapter (and a command's worker processes) as its variable."""
+    if flag is None:
+        return
+    from spyre_verify.runtimes import resolve_name
+
+    if resolve_name(spec, env) != "spyre_verify.sendnn:make":
+        raise ConfigError(f"--sendnn-fix={flag!r}: it applies to --runtime sendnn only")
+    current = env.get(ENV_SENDNN_FIX, "")
+    if current and current != flag:
+        raise ConfigError(f"--sendnn-fix={flag!r} and {ENV_SENDNN_FIX}={current!r} disagree: set one of them")
+    os.environ[ENV_SENDNN_FIX] = flag
