@@ -24,6 +24,8 @@ FIGURES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7")
 # A group `--only` names by word and the default run leaves out (minutes at full size):
 # checker cost at realistic sizes and its growth, a soak, the check's wall time (`bench.scale`).
 SCALE = "scale"
+# Another such group: the real plugin's check wall time and its CI env (`bench.sendnn`).
+SENDNN = "sendnn"
 
 
 @dataclass(frozen=True)

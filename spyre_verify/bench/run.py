@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from spyre_verify.bench import engine, kernels, layouts, sched
-from spyre_verify.bench.figures import SCALE, Figure, Plan
+from spyre_verify.bench import engine, kernels, layouts, sched, sendnn
+from spyre_verify.bench.figures import SCALE, SENDNN, Figure, Plan
 from spyre_verify.bench.overhead import overhead_figures
 from spyre_verify.messages import Progress
 
@@ -31,6 +31,8 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
             out += layouts.layout_figures(plan, progress)
         if SCALE in plan.only:
             out += scale_figures(plan, progress)
+        if SENDNN in plan.only:
+            out += sendnn.sendnn_figures(plan, progress)
     finally:
         torch.set_num_threads(threads)
     for f in out:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, parse_backend
-from spyre_verify.bench.figures import FIGURES, FULL, QUICK, SCALE, TINY, Figure, Plan, closing
+from spyre_verify.bench.figures import FIGURES, FULL, QUICK, SCALE, SENDNN, TINY, Figure, Plan, closing
 from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help=f"figures to run, by number ({','.join(FIGURES)}; e.g. 1,2), or {SCALE}: checker cost at realistic "
         "sizes and its growth (1c, 1d), a soak (1e) and the check's wall time at production sizes (8, 8b); "
-        "minutes, left out of the default run",
+        f"minutes, left out of the default run; or {SENDNN}: the real plugin's check wall time (9) and, in full "
+        "mode, its CI env from nothing (9b), which need the sendnn extra and tox",
     )
     # Hidden: toy sizes (the command's own test).
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
@@ -71,9 +72,11 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     only = FIGURES
     if args.only is not None:
         only = tuple(x.strip() for x in str(args.only).split(","))
-        bad = [x for x in only if x not in (*FIGURES, SCALE)]
+        bad = [x for x in only if x not in (*FIGURES, SCALE, SENDNN)]
         if bad or not only:
-            raise UsageError(f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}, or {SCALE}")
+            raise UsageError(
+                f"--only={args.only!r}: give figure numbers from {','.join(FIGURES)}, or {SCALE}, or {SENDNN}"
+            )
     if args.device == "cuda":
         only = kernel_figures(only if args.only is not None else None)
     return Plan(mode, backend, repeats, only, args.device)
