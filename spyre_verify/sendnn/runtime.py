@@ -146,6 +146,9 @@ class SendnnRuntime:
         from vllm.v1.engine.input_processor import InputProcessor
         from vllm.v1.executor import Executor
 
+        # Dynamo remembers shapes per code object across compiles: a second engine in this process
+        # would compile other graphs than the first (the plugin runs one engine a process). Start as fresh.
+        torch._dynamo.reset()
         self.observer = Observer(self)
         self.observer.install(self.hooks)
         faults.install(self.fault, self.fixes, self.hooks, self)
@@ -222,10 +225,10 @@ class SendnnRuntime:
             if executed:
                 ran = self.observer.ran
                 break
-        if ran is None:
-            return StepResult("idle", None, tuple(ended))
         for rid in ended:
             self._finish(rid)
+        if ran is None:
+            return StepResult("idle", None, tuple(ended))
         self.bus.emit("step", ev.Step(self.steps, ran.phase, ran, tuple(ended)))
         self.steps += 1
         return StepResult(ran.phase, ran, tuple(ended))

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from spyre_verify.sendnn.boot import BLOCK_SIZE
 from spyre_verify.sendnn.events import KERNEL, Compile, Graph
 
 
@@ -74,8 +75,8 @@ class Slot:
         table, slots = kw.get("block_table"), kw.get("slot_mapping")
         if isinstance(table, torch.Tensor):
             table.zero_()
-        if isinstance(slots, torch.Tensor) and table is not None:
-            slots.remainder_(64)
+        if isinstance(slots, torch.Tensor):
+            slots.remainder_(BLOCK_SIZE)
         if edit is not None:
             edit(kw)
         saved = self.current
