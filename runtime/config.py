@@ -8,7 +8,7 @@ every ConfigError reads the same way: `field=value: the rule it broke`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
@@ -83,7 +83,9 @@ class RuntimeConfig:
     layout: str = "padded"
     max_num_batched_tokens: int | None = None  # ragged only; None: max(min(max_model_len, 2048), max_num_seqs)
     batched_decode_entries: int | None = None  # ragged only; None: 32
-    query_buckets: tuple[int, ...] | None = None  # ragged only: the query rungs above 1, in tokens
+    # Ragged only: the query rungs above 1, in tokens, increasing, the last T. 1 is implied: the bottom
+    # rung of every query ladder is never written (SPYRE_ATTN_QUERY_BUCKETS=4,16 means [1, 4, 16]).
+    query_buckets: tuple[int, ...] | None = None
     backend: str = "inductor"
     device: str = "cpu"
     dtype: str = "float32"
@@ -263,13 +265,17 @@ RULES: tuple[Rule, ...] = (
     ("query_buckets", lambda v, c: c.token_budget > 1, "max_num_batched_tokens=1 leaves the query ladder [1]: "
      "there is no rung above 1 to set; unset it"),
     ("query_buckets[]", lambda v, c: isinstance(v, int) and not isinstance(v, bool), "rung {v!r} is not an integer"),
-    ("query_buckets[]", lambda v, c: v > 1, "rung {v} must be above 1 (1 is always the bottom rung)"),
+    ("query_buckets[]", lambda v, c: v >= 1, "rung {v} must be above 1 (1, the bottom rung, is implied)"),
     ("query_buckets[]", lambda v, c: v <= c.token_budget,
      "rung {v} is above the step token budget max_num_batched_tokens={c.token_budget}"),
     ("query_buckets[]", lambda v, c: (c.query_buckets or ()).count(v) == 1, "duplicate rung {v}"),
-    ("query_buckets", lambda v, c: list(v) == sorted(v), lambda v, c: f"must be increasing: write {_csv(sorted(v))}"),
+    ("query_buckets", lambda v, c: list(v) == sorted(v),
+     lambda v, c: f"must be increasing: write {_csv(_above_one(sorted(v)))}" + (" (1 is implied)" if 1 in v else "")),
     ("query_buckets", lambda v, c: v[-1] == c.token_budget,
      lambda v, c: f"top rung {v[-1]} must be the step token budget max_num_batched_tokens={c.token_budget}"),
+    # Last: a list whose only fault is naming the implied rung 1 hears that, and any other fault first.
+    ("query_buckets[]", lambda v, c: v != 1, lambda v, c: "rung 1 is implied (the bottom rung of every query "
+     f"ladder), so the list names only the rungs above it: write {_csv(_above_one(c.query_buckets or ()))}"),
     ("num_blocks", lambda v, c: _count(v) and v <= MAX_NUM_BLOCKS, f"{POSITIVE}, at most {MAX_NUM_BLOCKS}"),
     ("num_blocks", lambda v, c: v >= c.max_blocks_per_seq + 1,
      lambda v, c: f"too small to hold one max_model_len={c.max_model_len} request ({c.max_blocks_per_seq} blocks "
@@ -280,6 +286,11 @@ RULES: tuple[Rule, ...] = (
 
 def _csv(v: object) -> str:  # a KV ladder as its env variable is written: '512,2048'
     return repr(",".join(map(str, v)) if isinstance(v, (tuple, list)) else v)
+
+
+def _above_one(rungs: Sequence[int]) -> tuple[int, ...]:
+    """A query override as it is written: the rungs above the implied 1."""
+    return tuple(r for r in rungs if r != 1)
 
 
 ENV_OF = {

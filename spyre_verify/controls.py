@@ -8,13 +8,14 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify import faults
 from spyre_verify.errors import UsageError
+from spyre_verify.oracle import derive
 from spyre_verify.runtimes import BUNDLED_FACTORY, Probe
 from spyre_verify.workload import Item
 
@@ -39,6 +40,7 @@ class KillRow:
     caught_by: tuple[str, ...]  # every checker that flagged something
     first_violation: str
     seconds: float = 0.0  # wall time of the fault's run, warmup included
+    config: dict[str, object] = field(default_factory=dict, hash=False)  # what it ran on (`run_config`)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -48,7 +50,25 @@ class KillRow:
             "caught_by": list(self.caught_by),
             "first_violation": self.first_violation,
             "seconds": round(self.seconds, 1),
+            "config": dict(self.config),
         }
+
+
+def run_config(config: RuntimeConfig, runtime: str = BUNDLED_FACTORY) -> dict[str, object]:
+    """The config a fault row ran on, as the row names it: the sizes, the pool, the layout (and a
+    ragged one's step token budget, its default resolved) and the backend the run used (the
+    bundled runtime's fault runs use CONTROL_BACKEND whatever the config's)."""
+    out: dict[str, object] = {
+        "block_size": config.block_size,
+        "max_model_len": config.max_model_len,
+        "max_num_seqs": config.max_num_seqs,
+        "num_blocks": derive.pool_blocks(config),
+        "layout": config.layout,
+    }
+    if config.ragged:
+        out["max_num_batched_tokens"] = config.token_budget
+    out["backend"] = CONTROL_BACKEND if runtime == BUNDLED_FACTORY else config.backend
+    return out
 
 
 # Above this max_model_len `check` runs its kill table on a sibling config with this one. Every
@@ -130,7 +150,9 @@ def fault_row(
     A plain function of picklable arguments, so a worker process can run it."""
     t0 = time.perf_counter()
     result = run_fault(config, name, workload, runtime=runtime, stop_at=expected)
-    return replace(kill_row(name, result, expected), seconds=time.perf_counter() - t0)
+    return replace(
+        kill_row(name, result, expected), seconds=time.perf_counter() - t0, config=run_config(config, runtime)
+    )
 
 
 def catalog_workers(config: RuntimeConfig, faults_to_run: int) -> int:

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from runtime.config import RuntimeConfig
+from runtime.config import ModelDims, RuntimeConfig
 
 SCHEMA_VERSION = 1
 DEFAULT_DIR = Path("reports")
@@ -65,9 +65,14 @@ def environment(device: str, backend: str) -> dict[str, Any]:
 
 
 def config_payload(c: RuntimeConfig) -> dict[str, Any]:
-    """Every config field as JSON, plus the pool size and the env that reproduces it."""
+    """Every config field as JSON, plus the pool size and the env that reproduces it. A ragged
+    config's step budget and entry target are the values in force, its defaults resolved (the
+    runtime received them so); `env_overrides` still names only what was set."""
     d = dataclasses.asdict(c)
     d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
+    d["query_buckets"] = list(c.query_buckets) if c.query_buckets else None
+    if c.ragged:
+        d["max_num_batched_tokens"], d["batched_decode_entries"] = c.token_budget, c.decode_entries
     d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
     return d
 
@@ -76,12 +81,18 @@ def layout_words(c: dict[str, Any]) -> str:
     """A config payload's layout settings as a report's Config line names them: "" for padded."""
     if c.get("layout", "padded") != "ragged":
         return ""
+    # An older report holds null for a default left unset.
     words = (
         f"{k}={c[k] if c.get(k) is not None else 'default'}"
         for k in ("max_num_batched_tokens", "batched_decode_entries")
     )
     query = f" query_buckets={','.join(map(str, c['query_buckets']))}" if c.get("query_buckets") else ""
     return f" layout=ragged {' '.join(words)}{query}"
+
+
+def config_words(c: dict[str, Any]) -> str:
+    """A fault row's config (`controls.run_config`) in one cell: 'block_size=4 max_model_len=16 ...'."""
+    return " ".join(f"{k}={v}" for k, v in c.items()) or "-"
 
 
 def md_title(kind: str, verdict: str, fault: str | None) -> list[str]:
@@ -106,3 +117,12 @@ def table(rows: list[list[str]], header: list[str], width: int = CELL_WIDTH) -> 
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
     line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths, strict=False)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
+
+
+def config_of(payload: dict[str, Any]) -> RuntimeConfig:
+    """The inverse of `report.config_payload`: every field back to its Python type."""
+    kwargs = {f.name: payload[f.name] for f in dataclasses.fields(RuntimeConfig)}
+    kwargs["model"] = ModelDims(**kwargs["model"])
+    kwargs["kv_buckets"] = tuple(kwargs["kv_buckets"]) if kwargs["kv_buckets"] is not None else None
+    kwargs["query_buckets"] = tuple(kwargs["query_buckets"]) if kwargs["query_buckets"] is not None else None
+    return RuntimeConfig(**kwargs)

@@ -69,35 +69,54 @@ def known() -> list[Named]:
     return list(out.values())
 
 
+# How each target was last named, where SPYRE_VERIFY_RUNTIME named it: a refusal of the runtime names
+# the variable, not a flag the user never gave (`given_as`). `resolve_name` keeps it current.
+_FROM_ENV: dict[str, str] = {}
+
+
+def given_as(target: str) -> str:
+    """How a refusal names the runtime `target`: `--runtime='m:f'`, or `SPYRE_VERIFY_RUNTIME='...'`
+    when that variable, and no flag, named it at its latest resolution."""
+    return _FROM_ENV.get(target, f"--runtime={target!r}")
+
+
 def resolve_name(spec: str | None, env: Mapping[str, str] | None = None) -> str:
     """The factory target for `spec` (a name or module:attr), else the env's, else the bundled one."""
     env = os.environ if env is None else env
+    from_env = not spec and bool(env.get(ENV_RUNTIME))
     spec = spec or env.get(ENV_RUNTIME) or BUNDLED
+    given = f"{ENV_RUNTIME}={spec!r}" if from_env else f"--runtime={spec!r}"
     if ":" in spec:
-        return spec
-    names = {n.name: n.target for n in known()}
-    if spec not in names:
-        raise RuntimeSpecError(
-            f"--runtime={spec!r}: no runtime of that name (known: {', '.join(sorted(names))}); "
-            "give module:factory, e.g. tests.foreign.engine:make"
-        )
-    return names[spec]
+        target = spec
+    else:
+        names = {n.name: n.target for n in known()}
+        if spec not in names:
+            raise RuntimeSpecError(
+                f"{given}: no runtime of that name (known: {', '.join(sorted(names))}); "
+                "give module:factory, e.g. tests.foreign.engine:make"
+            )
+        target = names[spec]
+    if from_env:
+        _FROM_ENV[target] = given if target == spec else f"{given} ({target})"
+    else:
+        _FROM_ENV.pop(target, None)
+    return target
 
 
 def load_factory(target: str) -> Callable[[Settings], Runtime]:
     """Import `module:attr`; the working directory is importable, as for `python -m`."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise RuntimeSpecError(f"--runtime={target!r}: give module:factory, e.g. tests.foreign.engine:make")
+        raise RuntimeSpecError(f"{given_as(target)}: give module:factory, e.g. tests.foreign.engine:make")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # not found, or the module itself raised (SyntaxError too): the user's input
-        raise RuntimeSpecError(f"--runtime={target!r}: cannot import {module_name}: {type(e).__name__}: {e}") from e
+        raise RuntimeSpecError(f"{given_as(target)}: cannot import {module_name}: {type(e).__name__}: {e}") from e
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise RuntimeSpecError(f"--runtime={target!r}: {module_name} has no callable {attr!r}")
+        raise RuntimeSpecError(f"{given_as(target)}: {module_name} has no callable {attr!r}")
     return factory
 
 
@@ -107,14 +126,14 @@ def open_runtime(target: str, settings: Settings) -> Any:
     try:
         rt = factory(settings)
     except Exception as e:  # the user's factory refused or broke: their input, one line, exit 2
-        raise RuntimeSpecError(f"--runtime={target!r}: the factory raised {type(e).__name__}: {e}") from e
+        raise RuntimeSpecError(f"{given_as(target)}: the factory raised {type(e).__name__}: {e}") from e
     lacks = missing(rt)
     if lacks:
         close = getattr(rt, "close", None)
         if callable(close):
             close()
         raise RuntimeSpecError(
-            f"--runtime={target!r}: the runtime does not satisfy the protocol; missing: {', '.join(lacks)}"
+            f"{given_as(target)}: the runtime does not satisfy the protocol; missing: {', '.join(lacks)}"
         )
     return rt
 

@@ -81,11 +81,11 @@ def check_runtime(rt: Probe, fault: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # before the run's modules load torch: a bad value is answered at once
     from spyre_verify.audit.heatmap import write_heatmaps
     from spyre_verify.audit.report import markdown, payload
     from spyre_verify.audit.run import run_audit
 
-    config = config_from_args(args)
     config = config.with_(device=pick_device(args.device))
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     if rt.bundled:

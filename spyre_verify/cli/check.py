@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from spyre_verify import faults
 from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
-from spyre_verify.cli.check_report import PassOutcome, markdown, outcome_of, payload
+from spyre_verify.cli.check_report import PassOutcome, markdown, outcome_of, payload, tokens_words
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
@@ -84,6 +84,8 @@ class Done:
     controls_config: dict[str, Any] | None = None
     sibling_clean: PassOutcome | None = None
     faults: int = 0  # the faults the catalog seeds on this config
+    # Why the fault catalog did not run (`--no-controls`, `--fault`, a runtime without faults()); None when it ran.
+    controls_not_run: str | None = None
     started: float = field(default_factory=time.perf_counter)
     # Wall seconds of the fault catalog (the per-sequence pass carries its own). In worker
     # processes both run beside the main pass, so the three overlap.
@@ -128,6 +130,7 @@ def sibling_clean_pass(config: RuntimeConfig, work: list[Item], runtime: str) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)  # before the run's modules load torch: a bad value is answered at once
     from spyre_verify.controls import (
         catalog_workers,
         collect_rows,
@@ -141,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from spyre_verify.session import verify
 
-    config = config_from_args(args)
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
     if args.fault is not None and args.fault not in catalog:  # also SPYRE_VERIFY_FAULT, which argparse does not check
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     tune_process()
     work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     name = f"check-{args.fault}" if args.fault else "check"
-    done = Done(faults=len(catalog))
+    done = Done(faults=len(catalog), controls_not_run=catalog_not_run(args, rt.name, rt.bundled, catalog))
     names = list(catalog) if not (args.fault or args.no_controls) else []
     if not args.fault and "per_sequence_decode" not in rt.capabilities:
         done.per_seq_not_run = f"the {rt.name} runtime has no per-sequence decode kernel (per_sequence_decode)"
@@ -189,9 +191,7 @@ def run(args: argparse.Namespace) -> int:
                 say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
                 done.per_seq = beside.result() if beside else per_sequence_pass(config, work, rt.target, say)
             if not args.fault and not args.no_controls and not catalog:
-                say(
-                    f"fault catalog not run: the {rt.name} runtime ships no faults(), so nothing proves its checkers can fail"
-                )
+                say(f"fault catalog not run: {done.controls_not_run}")
             if names:
                 say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
                 if why:
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     p["phases"] = done.phases()
     p["controls_not_applicable"] = faults.not_applicable(on) if rt.bundled and p["controls"] is not None else {}
     p["controls_config"] = controls_payload(done)
+    p["controls_not_run"] = done.controls_not_run
     if done.sibling_clean is not None and not done.sibling_clean.ok:
         p["verdict"] = "fail"
     p["reproducer"] = write_reproducer(args.out, name, done.result, rt.target) if done.result.violations else None
@@ -230,6 +231,19 @@ def run(args: argparse.Namespace) -> int:
     if args.expect_finding:
         return expected_findings(p, args.expect_finding)
     return 0 if p["verdict"] == "pass" else 1
+
+
+def catalog_not_run(args: argparse.Namespace, name: str, bundled: bool, catalog: dict[str, str]) -> str | None:
+    """Why `check` runs no fault catalog, in words for the report and the verdict line; None when it runs one."""
+    if args.fault:
+        return f"--fault {args.fault}: the run is itself under a seeded fault"
+    if args.no_controls:
+        return "--no-controls"
+    if catalog:
+        return None
+    if bundled:
+        return "no fault of the catalog can show on this config (controls_not_applicable says why)"
+    return f"the {name} runtime ships no faults(), so nothing proves its checkers can fail"
 
 
 def finding_kind(text: str) -> str:
@@ -296,12 +310,14 @@ def verdict_line(p: dict[str, Any]) -> str:
         if "not_run" not in cov
         else f"served {cov.get('served', 0)} buckets (no reachable set: {cov['not_run']})",
         *([f"{len(cov['unserved'])} warm buckets never served"] if cov.get("unserved") else []),
-        f"tokens match the reference: {'not run' if p['tokens_match_reference'] is None else 'yes' if p['tokens_match_reference'] else 'NO'}",
+        f"tokens match the reference: {tokens_words(p)}",
     ]
     if p["controls"] is not None:
         on = p.get("controls_config")
         at = f" (at max_model_len {on['max_model_len']}, clean run {on['clean_run']['verdict'].upper()})" if on else ""
         parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught{at}")
+    elif p.get("controls_not_run"):
+        parts.append(f"fault catalog not run ({p['controls_not_run']})")
     if p["per_sequence_pass"] is not None:
         parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
     if p.get("not_observed"):
@@ -349,5 +365,6 @@ def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Do
         done.stage += f" ({len(done.rows)} of {done.faults} run)"
     p |= {"verdict": "interrupted", "interrupted": True, "interrupted_during": done.stage, "phases": done.phases()}
     p["controls_config"] = controls_payload(done)
+    p["controls_not_run"] = done.controls_not_run
     write_atomic(out / f"{name}.md", md)
     return write_json(out / f"{name}.json", p)

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 from runtime.scheduler import FINISH_REASONS
 from spyre_verify.checks.crash import tracebacks_of
 from spyre_verify.checks.violations import Checker
-from spyre_verify.report import SCHEMA_VERSION, config_payload, environment, layout_words, md_title, table
+from spyre_verify.report import (
+    SCHEMA_VERSION,
+    config_payload,
+    config_words,
+    environment,
+    layout_words,
+    md_title,
+    table,
+)
 from spyre_verify.workload import tokens_rule
 
 if TYPE_CHECKING:  # the CLI answers a bad flag before the run's modules (and torch) load
@@ -92,6 +100,19 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: PassOutcome 
     }
 
 
+def tokens_words(p: dict[str, Any]) -> str:
+    """Whether the tokens match the reference, in words that cannot contradict the run's violations:
+    `tokens_match_reference` is true beside `logits-drift` violations (the tokens agree, their logits
+    do not; a request's comparison stops at its first drift), and then the words say both."""
+    match = p["tokens_match_reference"]
+    if match is None:
+        return "not run"
+    if not match:
+        return "NO"
+    drift = sum(len(c["violations"]) for c in p["checks"] if c["name"] == "output-equivalence")
+    return f"yes up to each drift, but logits drift ({drift} violations)" if drift else "yes"
+
+
 def reasons(by: dict[str, int]) -> str:
     """'31 length, 6 stop, 4 abort'; 'none' for a run that finished nothing."""
     return ", ".join(f"{n} {why}" for why, n in by.items()) or "none"
@@ -127,7 +148,7 @@ def markdown(p: dict[str, Any]) -> str:
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']}{layout_words(c)} backend={c['backend']} device={c['device']}",
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
-        f"Tokens match reference: {p['tokens_match_reference']}.",
+        f"Tokens match reference: {tokens_words(p)}.",
         coverage_line(cov),
         f"Finished by reason: {reasons(p.get('workload', {}).get('finished_by_reason', {}))}."
         + (f" Longest prompt: {n} chunks." if (n := p.get("workload", {}).get("most_chunks")) else ""),
@@ -165,15 +186,24 @@ def markdown(p: dict[str, Any]) -> str:
         lines += ["## Control calls", "", table(rows, ["control", "bucket", "seen by backend", "seen by stance"]), ""]
     if p["controls"] is not None:
         rows = [
-            [r["fault"], r["expected_checker"], "yes" if r["caught"] else "NO", r["first_violation"]]
+            [
+                r["fault"],
+                r["expected_checker"],
+                "yes" if r["caught"] else "NO",
+                config_words(r.get("config") or {}),
+                r["first_violation"],
+            ]
             for r in p["controls"]
         ]
-        lines += ["## Fault catalog", "", table(rows, ["fault", "expected checker", "caught", "first violation"]), ""]
+        header = ["fault", "expected checker", "caught", "run on", "first violation"]
+        lines += ["## Fault catalog", "", table(rows, header), ""]
         if on := p.get("controls_config"):
             clean = on["clean_run"]["verdict"].upper()
             lines += [f"Run at max_model_len {on['max_model_len']} (its clean run there: {clean}): {on['why']}.", ""]
         if skipped := p.get("controls_not_applicable"):
             lines += ["Not seeded on this config: " + "; ".join(f"{n} ({why})" for n, why in skipped.items()), ""]
+    elif p.get("controls_not_run"):
+        lines += ["## Fault catalog", "", f"Not run: {p['controls_not_run']}.", ""]
     rows = [[b, str(n)] for b, n in p["dispatch"].items()]
     lines += ["## Dispatch", "", table(rows, ["bucket", "dispatches"]), ""]
     if p["per_sequence_pass"] and "not_run" in p["per_sequence_pass"]:

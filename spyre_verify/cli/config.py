@@ -5,8 +5,13 @@ block_size 4, max_model_len 16, max_num_seqs 4, a pool of 8 blocks, and the bind
 limit `defaults.CHECK_TKV_LIMIT`). A size flag replaces its own default; the pool then defaults
 to the runtime's (max_num_seqs * ceil(max_model_len / block_size) + 1) unless --num-blocks is
 given, since 8 blocks fit only the embedded sizes, and the limit to the runtime's (never
-binding) unless --max-batch-tkv-limit is given. SPYRE_MAX_BATCH_TKV_LIMIT wins over both.
-Only the backend differs by command (`add_config_flags(backend=...)`).
+binding) unless --max-batch-tkv-limit is given. Only the backend differs by command
+(`add_config_flags(backend=...)`).
+
+The plugin's env variables apply on top, as in the real runtime: SPYRE_MAX_BATCH_TKV_LIMIT wins
+over the default limit, SPYRE_DYNAMO_BACKEND over the command's backend. A flag given explicitly
+that its variable contradicts (`--layout ragged` with SPYRE_LAYOUT=padded) is refused, naming
+both (`ENV_OF_FLAG`): the variable would override it without a word. The same value in both is fine.
 
 `--layout ragged` (or SPYRE_LAYOUT=ragged) selects DESIGN's ragged layout, with its own flags
 `--max-num-batched-tokens` and `--batched-decode-entries`. The embedded volume limit is a
@@ -19,10 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, ENV_LAYOUT, LAYOUTS, MAX_DIGITS, RuntimeConfig, parse_layout
+from runtime.env import ENV_BATCH_TKV, ENV_BATCHED_TOKENS, parse_backend, parse_count
 from runtime.errors import ConfigError
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_TKV_LIMIT
 
@@ -30,6 +36,26 @@ SIZES = ("block_size", "max_model_len", "max_num_seqs")
 ENV_SENDNN_FIX = "SPYRE_VERIFY_SENDNN_FIX"  # read by the sendnn adapter (`spyre_verify.sendnn.faults`)
 DEFAULT_POOL = CHECK_DEFAULTS["num_blocks"]
 RUNTIME_POOL = "max_num_seqs * ceil(max_model_len / block_size) + 1"
+# Flags an env variable of the runtime overrides: flag dest -> (variable, its parser). Given both,
+# they must agree.
+ENV_OF_FLAG: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "layout": (ENV_LAYOUT, parse_layout),
+    "backend": (ENV_BACKEND, parse_backend),
+    "max_num_batched_tokens": (ENV_BATCHED_TOKENS, parse_count),
+    "max_batch_tkv_limit": (ENV_BATCH_TKV, parse_count),
+}
+GIVEN = "given_flags"  # the namespace's set of the flag dests given on the command line
+
+
+class _Given(argparse.Action):
+    """Store the value and note that the flag was given: a command's own default (the backend's)
+    is not a choice an env variable can contradict."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
 
 
 def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> None:
@@ -42,13 +68,15 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
         "--layout",
         choices=LAYOUTS,
         default=None,
+        action=_Given,
         help="padded: one shared tkv, left padding, whole-prompt prefill; ragged: per-sequence lengths, chunked "
-        f"prefill, mixed steps; {ENV_LAYOUT} overrides it (default: padded)",
+        f"prefill, mixed steps; {ENV_LAYOUT} sets it too, and a flag it contradicts is refused (default: padded)",
     )
     g.add_argument(
         "--max-num-batched-tokens",
-        help="ragged layout: tokens one step may compute, decodes and the prefill chunk together "
-        "(default: max(min(max_model_len, 2048), max_num_seqs))",
+        action=_Given,
+        help=f"ragged layout: tokens one step may compute, decodes and the prefill chunk together; {ENV_BATCHED_TOKENS} "
+        "sets it too, and a flag it contradicts is refused (default: max(min(max_model_len, 2048), max_num_seqs))",
     )
     g.add_argument(
         "--batched-decode-entries",
@@ -67,8 +95,10 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
     )
     g.add_argument(
         "--max-batch-tkv-limit",
-        help="most positions one decode step may attend, rows * (tkv + 1); SPYRE_MAX_BATCH_TKV_LIMIT overrides it "
-        f"(default: {CHECK_TKV_LIMIT} with no size flag, else max_model_len * max_num_seqs, never binding)",
+        action=_Given,
+        help=f"most positions one decode step may attend, rows * (tkv + 1); {ENV_BATCH_TKV} overrides the default, "
+        f"and a flag it contradicts is refused (default: {CHECK_TKV_LIMIT} with no size flag, else max_model_len * "
+        "max_num_seqs, never binding)",
     )
     g.add_argument(
         "--runtime",
@@ -88,7 +118,9 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
         "--backend",
         choices=BACKENDS,
         default=backend,
-        help=f"Dynamo backend; {ENV_BACKEND} overrides it (default: {backend or RuntimeConfig.backend})",
+        action=_Given,
+        help=f"Dynamo backend; {ENV_BACKEND} overrides the default, and a flag it contradicts is refused "
+        f"(default: {backend or RuntimeConfig.backend})",
     )
 
 
@@ -139,7 +171,25 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         kwargs.setdefault("max_batch_tkv_limit", CHECK_TKV_LIMIT)
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
+    for dest in getattr(args, GIVEN, ()):
+        if dest in ENV_OF_FLAG and dest in kwargs:
+            _agrees(dest, kwargs[dest], env)
     return RuntimeConfig.from_env(env, **kwargs)
+
+
+def _agrees(dest: str, value: object, env: Mapping[str, str]) -> None:
+    """A flag given on the command line and the env variable that would override it agree, or
+    neither is used: a ConfigError naming both."""
+    name, parse = ENV_OF_FLAG[dest]
+    text = env.get(name, "")
+    if text == "":  # the empty string is unset, as in the runtime
+        return
+    if parse(text, name) != value:  # a malformed value is refused by the parser, naming the variable
+        flag = f"--{dest.replace('_', '-')}"
+        raise ConfigError(
+            f"{flag}={value} and {name}={text!r} disagree: the variable overrides the flag; "
+            f"unset {name} or give {flag}={text.strip()}"
+        )
 
 
 def runtime_sizes(spec: str | None, env: Mapping[str, str]) -> dict[str, int] | None:

@@ -13,7 +13,7 @@ from spyre_verify.controls import fault_catalog, run_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
 from spyre_verify.messages import say
-from spyre_verify.report import SCHEMA_VERSION, table
+from spyre_verify.report import SCHEMA_VERSION, config_words, table
 from spyre_verify.runtimes import probe
 from spyre_verify.workload import seeded_workload
 
@@ -68,10 +68,17 @@ def run(args: argparse.Namespace) -> int:
         print(
             table(
                 [
-                    [r.fault, r.expected, "yes" if r.caught else "NO", ", ".join(r.caught_by), r.first_violation]
+                    [
+                        r.fault,
+                        r.expected,
+                        "yes" if r.caught else "NO",
+                        ", ".join(r.caught_by),
+                        config_words(r.config),
+                        r.first_violation,
+                    ]
                     for r in rows
                 ],
-                ["fault", "expected checker", "caught", "flagged by", "first violation"],
+                ["fault", "expected checker", "caught", "flagged by", "run on", "first violation"],
             )
         )
     missed = [r.fault for r in rows if not r.caught]

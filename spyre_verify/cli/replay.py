@@ -12,22 +12,22 @@ violation printed as the hunt printed it), 0 when it holds now, 2 on a bad file.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from runtime.config import ModelDims, RuntimeConfig
+from runtime.config import RuntimeConfig
 from runtime.errors import ConfigError
 from spyre_verify import faults
+from spyre_verify.cli import replay_check
 from spyre_verify.cli.args import Count
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.findings import CHECKS, PROTOCOL, Finding, crash, from_runtime
 from spyre_verify.hunt.properties import check_config, check_ladders, check_trace, check_warmup
 from spyre_verify.hunt.strategies import VIAS, Op
-from spyre_verify.report import SCHEMA_VERSION
+from spyre_verify.report import SCHEMA_VERSION, config_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,31 +88,6 @@ def load(report: Path, index: int) -> dict[str, Any]:
     if not isinstance(found[index - 1], dict):
         raise UsageError(f"{report}: finding {index} is not an object")
     return found[index - 1]
-
-
-def check_reproducer(report: Path) -> dict[str, Any] | None:
-    """The contents of a `check` reproducer (`-repro.json`), or None for any other file."""
-    from spyre_verify.tape import KIND
-
-    try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None  # `load` names what is wrong with it
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        return None
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(
-            f"{report}: schema_version {data.get('schema_version')!r}, this spyre-verify reads {SCHEMA_VERSION}"
-        )
-    return data
-
-
-def config_of(payload: dict[str, Any]) -> RuntimeConfig:
-    """The inverse of `report.config_payload`: every field back to its Python type."""
-    kwargs = {f.name: payload[f.name] for f in dataclasses.fields(RuntimeConfig)}
-    kwargs["model"] = ModelDims(**kwargs["model"])
-    kwargs["kv_buckets"] = tuple(kwargs["kv_buckets"]) if kwargs["kv_buckets"] is not None else None
-    return RuntimeConfig(**kwargs)
 
 
 _OP = re.compile(r"add\((\d+), (\d+)(?:, ([a-z-]+)@(\d+))?\)|step\((\d+)\)|abort\(#(\d+)\)")
@@ -198,10 +173,8 @@ def rerun_hunt(args: argparse.Namespace, d: dict[str, Any]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    check = check_reproducer(args.report)
+    check = replay_check.check_reproducer(args.report)
     if check is not None:
-        from spyre_verify.cli import replay_check
-
         return replay_check.run(args, check)
     d = load(args.report, args.index)
     if d.get("property") == PROTOCOL:

@@ -11,15 +11,18 @@ and the run exits 1 when the same kind of violation shows, 0 when it does not (a
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from spyre_verify.errors import UsageError
+from spyre_verify.report import SCHEMA_VERSION
 
 
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
     from spyre_verify.checks.graph_reuse import counting_wrapper
-    from spyre_verify.cli.replay import config_of
     from spyre_verify.protocol import layout_of
+    from spyre_verify.report import config_of
     from spyre_verify.runtimes import open_runtime, settings_for
     from spyre_verify.session import all_checkers
     from spyre_verify.tape import replay
@@ -70,3 +73,20 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
         + (f" (found: {now.violations[0]})" if now.violations else "")
     )
     return 0
+
+
+def check_reproducer(report: Path) -> dict[str, Any] | None:
+    """The contents of a `check` reproducer (`-repro.json`), or None for any other file."""
+    from spyre_verify.tape import KIND
+
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # `load` names what is wrong with it
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        return None
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{report}: schema_version {data.get('schema_version')!r}, this spyre-verify reads {SCHEMA_VERSION}"
+        )
+    return data

@@ -236,13 +236,15 @@ def _layout_problem(s: Mapping[str, object], L: int, S: int) -> str | None:
 
 def _query_problem(q: object, T: int) -> str | None:
     """The query rungs above 1: increasing, no repeats, each above 1 and at most T, the last T;
-    with T = 1 the ladder is [1] and any override is refused."""
+    with T = 1 the ladder is [1] and any override is refused. The bottom rung 1 is implied, never
+    written: a list that names it is refused, and for that last, so that a list with another fault
+    as well is refused for that one."""
     if not isinstance(q, tuple) or not q:
         return f"query_buckets={q!r} is not a non-empty tuple"
     if T == 1:
         return "max_num_batched_tokens=1 leaves the query ladder [1]: no override can be set"
     for r in q:
-        if type(r) is not int or r <= 1 or r > T:
+        if type(r) is not int or r < 1 or r > T:
             return f"query rung {r!r} is not an integer in 2..{T}"
     if len(set(q)) < len(q):
         return f"query rungs {list(q)} repeat a rung"
@@ -250,6 +252,8 @@ def _query_problem(q: object, T: int) -> str | None:
         return f"query rungs {list(q)} are not in increasing order"
     if q[-1] != T:
         return f"the top query rung {q[-1]} is not the token budget {T}"
+    if 1 in q:
+        return f"query rung 1 is implied (the bottom rung): {list(q)} must name only the rungs above it"
     return None
 
 

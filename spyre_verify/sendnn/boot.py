@@ -55,14 +55,18 @@ ENV = {
 
 
 class PluginUnavailable(ValueError):
-    """The plugin is not installed, or it is a release whose internals the adapter cannot hook."""
+    """A release whose internals the adapter cannot hook, or sizes or options it cannot run."""
+
+
+class PluginNotInstalled(ImportError):
+    """The plugin is not installed: an optional runtime, absent (`runtimes` lists it so, not as broken)."""
 
 
 def installed_version() -> str:
     try:
         return importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        raise PluginUnavailable(f"{PACKAGE} is not installed; install the extra: {INSTALL}") from None
+        raise PluginNotInstalled(f"{PACKAGE} is not installed; install the extra: {INSTALL}") from None
 
 
 @functools.cache  # one line per process, however many runtimes it builds

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from spyre_verify.sendnn import events as ev
+import spyre_verify.sendnn.events as ev
 from spyre_verify.sendnn.slot import Slot
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spyre_verify.sendnn import events as ev
+import spyre_verify.sendnn.events as ev
 from spyre_verify.sendnn.hooks import Hooks
 from spyre_verify.sendnn.slot import Slot
 

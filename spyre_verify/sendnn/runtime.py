@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from spyre_verify.sendnn import boot, faults
-from spyre_verify.sendnn import events as ev
+import spyre_verify.sendnn.boot as boot
+import spyre_verify.sendnn.events as ev
+import spyre_verify.sendnn.faults as faults
 from spyre_verify.sendnn.controls import Control, control_calls
 from spyre_verify.sendnn.hooks import Hooks
 from spyre_verify.sendnn.observe import Observer

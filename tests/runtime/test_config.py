@@ -121,6 +121,32 @@ def test_env_kv_ladder_top_rung_does_not_cover() -> None:
     assert ENV_KV_BUCKETS in msg and "top rung 64" in msg and "max_model_len=100" in msg and "add 128" in msg
 
 
+# -- query rungs through SPYRE_ATTN_QUERY_BUCKETS: 1 is implied, and a list naming it hears its real fault ---
+
+RAGGED = {"layout": "ragged", "block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}  # T = 16
+
+
+@pytest.mark.parametrize(
+    ("value", "fault"),
+    [
+        ("1,16,8", "must be increasing: write '8,16' (1 is implied)"),
+        ("1,32", "rung 32 is above the step token budget max_num_batched_tokens=16"),
+        ("1,8", "top rung 8 must be the step token budget max_num_batched_tokens=16"),
+        ("1,1,16", "duplicate rung 1"),
+        ("0,16", "rung 0 must be above 1"),
+        (
+            "1,4,16",
+            "rung 1 is implied (the bottom rung of every query ladder), so the list names only the rungs "
+            "above it: write '4,16'",
+        ),
+    ],
+)
+def test_a_query_list_naming_rung_1_is_refused_for_its_real_fault(value: str, fault: str) -> None:
+    msg = reject_env("SPYRE_ATTN_QUERY_BUCKETS", value, **RAGGED)
+    assert f"SPYRE_ATTN_QUERY_BUCKETS)='{value}': {fault}" in msg, msg
+    assert RuntimeConfig.from_env({"SPYRE_ATTN_QUERY_BUCKETS": "4,16"}, **RAGGED).query_buckets == (4, 16)
+
+
 # -- block size, backend, batched decode, pool --------------------------------------------
 
 

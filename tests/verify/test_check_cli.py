@@ -29,6 +29,7 @@ CHECKS = {
     "contract-conformance",
     "volume-limit",
     "runtime-crash",
+    "liveness",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]
@@ -106,6 +107,9 @@ def test_checks_and_controls_rows(default_run: tuple[int, dict[str, Any], str, P
     assert [(r["fault"], r["expected_checker"], r["caught"]) for r in report["controls"]] == [
         ("mask-leak", "output-equivalence", True)
     ]
+    # Each row names the config its fault ran on (issue 38), and the catalog ran.
+    on = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8, "layout": "padded"}
+    assert report["controls"][0]["config"] == {**on, "backend": "eager"} and report["controls_not_run"] is None
 
 
 def test_dispatch_counts_every_step(default_run: tuple[int, dict[str, Any], str, Path]) -> None:
@@ -179,7 +183,9 @@ def test_no_controls_passes_and_skips_the_catalog(tmp_path_factory: pytest.TempP
     assert code == 0
     report = json.loads((out_dir / "check.json").read_text())
     assert report["controls"] is None and report["verdict"] == "pass"
-    assert (out_dir / "check.md").exists()
+    # The report says the catalog did not run, and why (issue 38: only a progress line did).
+    assert report["controls_not_run"] == "--no-controls"
+    assert "## Fault catalog\n\nNot run: --no-controls." in (out_dir / "check.md").read_text()
 
 
 @pytest.mark.parametrize(

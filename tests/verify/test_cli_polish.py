@@ -184,9 +184,12 @@ def test_check_and_controls_end_with_a_verdict_line(
     code, _, err = cli_once(["check", *TINY, "--no-controls"], tmp_path_factory)  # test_check_cli's run too
     last = err.strip().splitlines()[-1]
     assert code == 0 and last.startswith("[spyre-verify] check PASS: 0 violations, served ")
-    code, _, err = run(["controls", *TINY, "--fault", "mask-leak"], capsys)
+    assert "fault catalog not run (--no-controls)" in last  # a PASS that proved no checker can fail says so
+    code, out, err = run(["controls", *TINY, "--fault", "mask-leak"], capsys)
     last = err.strip().splitlines()[-1]
     assert code == 0 and last == "[spyre-verify] controls PASS: clean run quiet, 1 of 1 faults caught by their checker"
+    # The table names the config each fault ran on.
+    assert "block_size=4 max_model_len=8 max_num_seqs=2 num_blocks=5 layout=padded backend=eager" in out
 
 
 # -- Ctrl-C: one line, and a partial report marked interrupted -------------------------------------------

@@ -95,6 +95,14 @@ def test_first_violation_comes_from_the_expected_checker_and_names_where(
         assert WHERE.search(row["first_violation"]), row
 
 
+def test_every_row_names_the_config_its_fault_ran_on(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
+    # Issue 38: the rows did not say which config each ran on. A ragged one names its step budget.
+    _, table, _, layout = kill_table
+    ragged = {"max_num_batched_tokens": 4} if layout == "ragged" else {}
+    want = {**SIZES, "num_blocks": 9, "layout": layout, **ragged, "backend": "eager"}
+    assert [r["config"] for r in table["faults"]] == [want] * len(table["faults"])
+
+
 def test_progress_names_each_fault_on_stderr(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
     _, _, err, layout = kill_table
     assert all(f"control: {name}" in err for name in seeded(layout))

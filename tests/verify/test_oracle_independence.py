@@ -58,6 +58,8 @@ ALLOWED: dict[str, str] = {
     "session.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "soak.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "bench/engine.py: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
+    "sendnn/runtime.py: self.warm_plan()": "the real plugin's adapter reports its own plan to warmup's progress: "
+    "the runtime's side speaking for itself",
     "bench/layouts.py: SpyreAttnBucketer(c).warm_set": "figure 7c measures what the runtime's exact pruning "
     "saves: its warm set is the measured side, set beside a rule written from the real bucketer",
     "bench/layouts.py: SpyreAttnBucketer": "figure 7c builds the runtime's bucketer to measure its warm set",

@@ -99,7 +99,11 @@ RAG = {**SMALL, "layout": "ragged"}
         ({**RAG, "max_num_batched_tokens": True}, {}, "max_num_batched_tokens"),
         (RAG, {"SPYRE_MAX_NUM_BATCHED_TOKENS": "-3"}, "SPYRE_MAX_NUM_BATCHED_TOKENS"),
         ({**RAG, "batched_decode_entries": 0}, {}, "batched_decode_entries"),
-        ({**RAG, "query_buckets": (1, 16)}, {}, "query rung 1"),
+        ({**RAG, "query_buckets": (1, 16)}, {}, "query rung 1 is implied"),
+        # A list naming the implied 1 is refused for its other fault first, as the runtime refuses it.
+        ({**RAG, "query_buckets": (1, 16, 8)}, {}, "increasing"),
+        ({**RAG, "query_buckets": (1, 20)}, {}, "query rung 20"),
+        ({**RAG, "query_buckets": (1, 8)}, {}, "top query rung"),
         ({**RAG, "query_buckets": (4, 20)}, {}, "query rung 20"),
         ({**RAG, "query_buckets": (4, 4, 16)}, {}, "repeat"),
         ({**RAG, "query_buckets": (8, 4, 16)}, {}, "increasing"),

@@ -93,8 +93,24 @@ def test_resolution_order_flag_then_env_then_bundled(in_root: None) -> None:
     assert resolve_name(None, {ENV_RUNTIME: FOREIGN}) == FOREIGN
     assert resolve_name("bundled", {ENV_RUNTIME: FOREIGN}) == BUNDLED_FACTORY
     assert resolve_name("foreign", {}) == FOREIGN  # from this project's pyproject.toml
-    with pytest.raises(RuntimeSpecError, match=r"no runtime of that name \(known: bundled, foreign\)"):
+    with pytest.raises(RuntimeSpecError, match=r"no runtime of that name \(known: bundled, foreign, sendnn\)"):
         resolve_name("nosuch", {})
+
+
+def test_a_runtime_the_variable_names_is_refused_naming_the_variable(
+    user_module: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 38: a SPYRE_VERIFY_RUNTIME the user set was refused as `--runtime=...`, a flag never given.
+    with pytest.raises(RuntimeSpecError, match=rf"^{ENV_RUNTIME}='nosuch': no runtime of that name"):
+        resolve_name(None, {ENV_RUNTIME: "nosuch"})
+    for value, why in [("nosuch_module_xyz:make", "cannot import"), (f"{user_module}:refuses", "the factory raised")]:
+        monkeypatch.setenv(ENV_RUNTIME, value)
+        assert main(["ladders"]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert f"error: {ENV_RUNTIME}='{value}': {why}" in line and "--runtime" not in line, line
+    # A flag wins over the variable, and its refusal names the flag.
+    assert main(["ladders", "--runtime", f"{user_module}:refuses"]) == 2
+    assert f"error: --runtime='{user_module}:refuses': the factory raised" in capsys.readouterr().err
 
 
 def test_known_lists_the_entry_point_and_the_project_runtime(in_root: None) -> None:
@@ -232,5 +248,32 @@ def test_a_runtime_without_faults_has_its_controls_not_run(
     monkeypatch.setattr(crowds, "EXAMPLES", 5)
     argv = ["check", "--runtime", f"{user_module}:no_faults", "--backend", "eager", "--requests", "6"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "check.json").read_text())["controls"] is None
-    assert "fault catalog not run: the foreign runtime ships no faults()" in capsys.readouterr().err
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["controls"] is None
+    err = capsys.readouterr().err
+    assert "fault catalog not run: the foreign runtime ships no faults()" in err
+    # The report and the PASS verdict say it too, not a progress line only (issue 38).
+    why = "the foreign runtime ships no faults(), so nothing proves its checkers can fail"
+    assert report["controls_not_run"] == why and f"Not run: {why}." in (tmp_path / "check.md").read_text()
+    assert (
+        err.strip().splitlines()[-1].startswith("[spyre-verify] check PASS: ")
+        and f"fault catalog not run ({why})" in err
+    )
+
+
+def test_an_optional_runtime_whose_package_is_missing_is_listed_as_not_installed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The real plugin's adapter is registered by every install; without its extra, `runtimes` says it
+    is not installed and still exits 0 (the other runtimes are fine), instead of calling it broken."""
+    import importlib.util
+
+    from spyre_verify.cli.main import main
+
+    code = main(["runtimes"])
+    listed = capsys.readouterr().out.split("sendnn  spyre_verify.sendnn:make", 1)[1].splitlines()[1]
+    if importlib.util.find_spec("sendnn_inference") is None:
+        assert listed.strip().startswith("not installed:") and "pip install -e '.[sendnn]'" in listed
+    else:
+        assert listed.strip().startswith("ok;")
+    assert code == 0

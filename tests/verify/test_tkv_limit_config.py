@@ -150,7 +150,10 @@ def test_the_embedded_config_has_a_binding_limit_and_a_users_setting_wins() -> N
     assert config_from_args(_args(num_blocks=17), env={}).max_batch_tkv_limit is None
     assert config_from_args(_args(max_batch_tkv_limit=40), env={}).max_batch_tkv_limit == 40
     assert config_from_args(_args(), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
-    assert config_from_args(_args(max_batch_tkv_limit=40), env={ENV_BATCH_TKV: "50"}).max_batch_tkv_limit == 50
+    # A flag its variable contradicts is refused, naming both (issue 38); the same value in both is fine.
+    with pytest.raises(ConfigError, match=f"--max-batch-tkv-limit=40 and {ENV_BATCH_TKV}='50' disagree"):
+        config_from_args(_args(max_batch_tkv_limit=40), env={ENV_BATCH_TKV: "50"})
+    assert config_from_args(_args(max_batch_tkv_limit=50), env={ENV_BATCH_TKV: " 50"}).max_batch_tkv_limit == 50
 
 
 def test_an_empty_env_limit_counts_as_unset_and_the_oracle_agrees() -> None:
