@@ -26,6 +26,17 @@ EVENTS = {
     "block_table (one row per padded row), owners (the pool's block -> owner map as the kernels are about to "
     "run: a live read-only view, so no owner is looked up unless a rule asks; read it in the handler, copy it "
     "to keep it), num_blocks, null_block",
+    "call": "(optional; the bundled runtime, only while someone listens) one call of a compiled kernel: kernel, "
+    "bucket, phase; with graph_hit it shows a call no graph served (an eager fallback)",
+    "graph_hit": "(optional, as call) a compiled graph served a call: kernel, bucket (the call's), graph_id, "
+    "graph_bucket (the bucket the graph was compiled for)",
+    "state": "(design_contract) the batch after a step, or after an abort: step (for an abort, the next step's "
+    "number), kind (prefill, decode, mixed, idle or abort), admitted (the request this step started to "
+    "prefill, or None), tkv (0 on the ragged layout), rows (each running row: request_id, left_pad, blocks "
+    "(its real blocks in position order), num_cached, generated, reserved (blocks still promised to it)), "
+    "waiting (the queue's ids, live: copy to keep), finished, free_blocks, prefill (ragged: the prompt being "
+    "prefilled, its request_id, computed, prompt_len, blocks and reserved, or None); contract-conformance compares it with "
+    "its model of the contract after every step",
     "kv_write": "(paging) every KV slot a step writes, one event a step, before its kernels run: step, slots "
     "(block * block_size + offset), writers (the request writing each slot; None for a padding position, which "
     "only a runtime with `padding_sink` may write, and only into that block), owners (as for block_table)",
