@@ -65,14 +65,14 @@ def environment(device: str, backend: str) -> dict[str, Any]:
 
 
 def config_payload(c: RuntimeConfig) -> dict[str, Any]:
-    """Every config field as JSON, plus the pool size and the env that reproduces it. A ragged
-    config's step budget and entry target are the values in force, its defaults resolved (the
-    runtime received them so); `env_overrides` still names only what was set."""
+    """Every config field as JSON, as given (so that `config_of` reads back the same config), plus
+    the pool size, the env that reproduces it and, for a ragged config, `resolved`: its step budget
+    and entry target in force, defaults included (the runtime received them so)."""
     d = dataclasses.asdict(c)
     d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
     d["query_buckets"] = list(c.query_buckets) if c.query_buckets else None
-    if c.ragged:
-        d["max_num_batched_tokens"], d["batched_decode_entries"] = c.token_budget, c.decode_entries
+    resolved = {"max_num_batched_tokens": c.token_budget, "batched_decode_entries": c.decode_entries}
+    d["resolved"] = resolved if c.ragged else None
     d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
     return d
 
@@ -81,9 +81,9 @@ def layout_words(c: dict[str, Any]) -> str:
     """A config payload's layout settings as a report's Config line names them: "" for padded."""
     if c.get("layout", "padded") != "ragged":
         return ""
-    # An older report holds null for a default left unset.
+    shown = c.get("resolved") or c  # the values in force; an older report holds null for a default
     words = (
-        f"{k}={c[k] if c.get(k) is not None else 'default'}"
+        f"{k}={shown[k] if shown.get(k) is not None else 'default'}"
         for k in ("max_num_batched_tokens", "batched_decode_entries")
     )
     query = f" query_buckets={','.join(map(str, c['query_buckets']))}" if c.get("query_buckets") else ""

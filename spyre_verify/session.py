@@ -4,6 +4,7 @@ workload under the fail_on_recompile stance, issue the control calls, finish the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -118,6 +119,7 @@ class RunResult:
     phases: dict[str, float] = field(default_factory=dict)
     tape: Tape = field(default_factory=Tape)  # every call the run made on the runtime (`spyre_verify.tape`)
     rules: dict[str, str] = field(default_factory=dict)  # where the runtime's rules differ from DESIGN's, and how
+    runtime_config: dict[str, Any] | None = None  # another runtime's own config, as it reports it
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -147,6 +149,13 @@ class RunResult:
         """No violation, no error, and no always-on checker left with nothing to judge: a check
         whose checkers could not have failed has not passed."""
         return not self.violations and self.error is None and not self.not_observed
+
+
+def own_config(config: Any) -> dict[str, Any]:
+    """Another runtime's config as it reports it (its pool, its layout), beside the one the harness built."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {k: v for k, v in dataclasses.asdict(config).items() if isinstance(v, int | str | float | bool | dict)}
+    return {k: getattr(config, k) for k in ("block_size", "max_model_len", "max_num_seqs")}
 
 
 def verified_too_little(accepted: int, rejected: int, decodes: int, decode_fits: bool) -> str | None:
@@ -265,6 +274,7 @@ def verify(
     try:
         result.runtime = engine.name
         result.rules = dict(getattr(engine, "rules", {}) or {})
+        result.runtime_config = None if runtime == BUNDLED_FACTORY else own_config(engine.config)
         contract = "design_contract" in engine.capabilities
         crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()

@@ -11,6 +11,7 @@ sizes, with the one checker that found it attached (`replay`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,13 @@ KIND = "check-reproducer"
 # control calls (dispatch-coverage's coverage and crowd problems, graph-reuse's guard and
 # controls) or the config (ladders, exactness): for those, rerun `check`.
 REPLAYABLE = frozenset({"padding-validity", "output-equivalence", "liveness", "runtime-crash", "volume-limit"})
+# A crash replays when the calls made it: in the traffic, not in warmup, a preflight, a control call
+# or a check's own end-of-run inspection (RuntimeCrash names the stage).
+TRAFFIC_CRASH = re.compile(r"the runtime crashed during (serving|coverage traffic|crowd traffic)\b")
+
+
+def replayable(v: Violation) -> bool:
+    return v.check in REPLAYABLE and (v.check != "runtime-crash" or bool(TRAFFIC_CRASH.match(v.message)))
 
 
 @dataclass
@@ -47,7 +55,7 @@ class Tape:
             for v, cut in zip(c.violations, self.marks[c.name], strict=True):
                 first.setdefault((v.check, v.kind), (cut, v))
         return [
-            {"check": v.check, "kind": v.kind, "message": v.message, "calls": cut, "replayable": v.check in REPLAYABLE}
+            {"check": v.check, "kind": v.kind, "message": v.message, "calls": cut, "replayable": replayable(v)}
             for cut, v in sorted(first.values(), key=lambda cv: cv[0])
         ]
 
@@ -77,7 +85,9 @@ class Taped:
         call |= {"ignore_eos": ignore_eos}
         index = len(self.tape.calls)
         self.tape.calls.append(call)
-        try:  # the runtime names its requests: no driver passes an id of its own
+        if request_id is not None:  # the tape replays adds by position, so the runtime must name them
+            raise TypeError("a taped runtime names its own requests: pass no request_id")
+        try:
             rid = self._runtime.add_request(prompt, max_tokens, stop_token_ids=stops, ignore_eos=ignore_eos)
         except refusal(self._runtime):
             call["refused"] = True

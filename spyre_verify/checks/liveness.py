@@ -71,24 +71,37 @@ class Liveness(Checker):
             )
 
     def finish(self, engine: Any) -> None:
+        stalled_after = self._probe(engine)
         if self.reserves:
-            self.judge_reservations(engine.steps + 1, f"at the end of the run (after step {engine.steps - 1})")
+            # As after a step: an abort after the last step is given the probe's step to release in,
+            # or none when nothing was stepped (a runtime that releases at its next schedule is fine).
+            end = f"at the end of the run (after step {engine.steps - 1})"
+            self.judge_reservations(engine.steps + (1 if self.stall_probed else 0), end)
         if self.open_step is not None:
-            return  # the run stopped inside a step (a crash, a guard): stepping again would repeat it
-        if not engine.has_work():
-            lost = sorted(self.live)
-            if lost:
-                self.flag(
-                    "never-ended",
-                    f"{len(lost)} accepted request(s) never ended although the runtime has no work left: "
-                    f"{', '.join(lost[:5])}",
-                )
-            return
+            return  # the run stopped inside a step (a crash, a guard)
+        if stalled_after is not None:
+            self._flag_stall(engine, stalled_after)
+        if self.stall_probed:
+            return  # the run left work: what it still holds is the stall's to name, or mid-flight
+        lost = sorted(self.live)
+        if lost:
+            self.flag(
+                "never-ended",
+                f"{len(lost)} accepted request(s) never ended although the runtime has no work left: "
+                f"{', '.join(lost[:5])}",
+            )
+
+    def _probe(self, engine: Any) -> int | None:
+        """Step a runtime that still has work once; the last step before it when it runs nothing, else None.
+        Never after a run that stopped inside a step: stepping again would repeat it."""
+        if self.open_step is not None or not engine.has_work():
+            return None
         before = engine.steps
         self.stall_probed = True
         engine.step()
-        if engine.steps != before or not engine.has_work():
-            return
+        return before - 1 if engine.steps == before and engine.has_work() else None
+
+    def _flag_stall(self, engine: Any, last: int) -> None:
         held = engine.reservations() if self.reserves else {}
         stale = {r: n for r, n in held.items() if n > 0 and r in self.ended}
         why = (
@@ -100,7 +113,7 @@ class Liveness(Checker):
         waiting = sorted(self.live)
         self.flag(
             "stall",
-            f"after step {before - 1}: the runtime has work ({len(waiting)} unfinished: {', '.join(waiting[:5])}) "
+            f"after step {last}: the runtime has work ({len(waiting)} unfinished: {', '.join(waiting[:5])}) "
             f"but a step runs nothing, so it never finishes them{why}",
         )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
     p["controls_not_run"] = done.controls_not_run
     if done.sibling_clean is not None and not done.sibling_clean.ok:
         p["verdict"] = "fail"
-    p["reproducer"] = write_reproducer(args.out, name, done.result, rt.target) if done.result.violations else None
+    # A --fault run's findings are the seeded fault's: `check --fault NAME` is their reproducer.
+    found = done.result.violations and not args.fault
+    p["reproducer"] = write_reproducer(args.out, name, done.result, rt.target) if found else None
     crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
     p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
     write_json(args.out / f"{name}.json", p)
@@ -259,11 +263,19 @@ def expected_findings(p: dict[str, Any], expected: list[str]) -> int:
     found = {f"{c['name']}/{v['kind']}" for c in p["checks"] for v in c["violations"]}
     missing, new = sorted(set(expected) - found), sorted(found - set(expected))
     escaped = [r["fault"] for r in p["controls"] or [] if not r["caught"]]
-    error = p["error"] if p["error"] and not found else None  # a failure with no finding of its own
+    # A run cut short by a violation or a crash fails through that finding; any other error
+    # (verified nothing, verified too little) is a failure of its own.
+    consequence = found and re.match(r"[\w -]+ (stopped|crashed): ", p["error"] or "")
+    error = p["error"] if p["error"] and not consequence else None
+    per_seq = (p.get("per_sequence_pass") or {}).get("verdict") == "fail"
+    sibling = ((p.get("controls_config") or {}).get("clean_run") or {}).get("verdict") == "fail"
     problems = [
         *([f"expected but not found: {', '.join(missing)}"] if missing else []),
         *([f"found but not expected: {', '.join(new)}"] if new else []),
         *([f"faults not caught: {', '.join(escaped)}"] if escaped else []),
+        *([f"not observed: {', '.join(p['not_observed'])}"] if p.get("not_observed") else []),
+        *(["the per-sequence pass failed"] if per_seq else []),
+        *(["the fault catalog's clean run failed"] if sibling else []),
         *([error] if error else []),
     ]
     say("expected findings: " + ("; ".join(problems) if problems else f"all {len(expected)} found, nothing else"))
@@ -287,7 +299,7 @@ def write_reproducer(out: Path, name: str, result: Any, target: str) -> dict[str
     }
     write_json(path, data)
     for i, f in enumerate(found, start=1):
-        f["command"] = f"spyre-verify replay {path} --index {i}" if f["replayable"] else None
+        f["command"] = f"spyre-verify replay {shlex.quote(str(path))} --index {i}" if f["replayable"] else None
     return {"file": str(path), "findings": found}
 
 

@@ -97,6 +97,8 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: PassOutcome 
         "error": result.error,
         # Where the runtime declares rules of its own (the real plugin's padding sink, no ladder): which applied.
         "rules": result.rules,
+        # Another runtime's own config as it reports it (its pool, its layout): `config` is what the harness built.
+        "runtime_config": result.runtime_config,
     }
 
 
@@ -147,6 +149,7 @@ def markdown(p: dict[str, Any]) -> str:
     lines += [
         f"Config: block_size={c['block_size']} max_model_len={c['max_model_len']} max_num_seqs={c['max_num_seqs']} "
         f"pool={c['total_blocks']}{layout_words(c)} backend={c['backend']} device={c['device']}",
+        *([f"The runtime's own config: {config_words(p['runtime_config'])}"] if p.get("runtime_config") else []),
         f"Warmup: {w['graphs']} graphs in {w['seconds']} s. Compiles after warmup: {p['compiles_after_warmup']}. "
         f"Tokens match reference: {tokens_words(p)}.",
         coverage_line(cov),

@@ -22,9 +22,10 @@ sets is refused).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, ENV_LAYOUT, LAYOUTS, MAX_DIGITS, RuntimeConfig, parse_layout
@@ -205,8 +206,27 @@ def runtime_sizes(spec: str | None, env: Mapping[str, str]) -> dict[str, int] | 
     return {k: int(v) for k, v in sizes.items() if k in SIZES} if isinstance(sizes, Mapping) else None
 
 
+# Variables a command set for its own run (and its workers), each with the value it replaced:
+# `command_env` puts them back when the command ends, so a second command in the process starts clean.
+_SET_FOR_COMMAND: dict[str, str | None] = {}
+
+
+@contextlib.contextmanager
+def command_env() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for key, old in _SET_FOR_COMMAND.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        _SET_FOR_COMMAND.clear()
+
+
 def _sendnn_fix(flag: str | None, spec: str | None, env: Mapping[str, str]) -> None:
-    """`--sendnn-fix` travels to the adapter (and a command's worker processes) as its variable."""
+    """`--sendnn-fix` travels to the adapter (and a command's worker processes) as its variable,
+    for the length of the command (`command_env`)."""
     if flag is None:
         return
     from spyre_verify.runtimes import resolve_name
@@ -216,4 +236,5 @@ def _sendnn_fix(flag: str | None, spec: str | None, env: Mapping[str, str]) -> N
     current = env.get(ENV_SENDNN_FIX, "")
     if current and current != flag:
         raise ConfigError(f"--sendnn-fix={flag!r} and {ENV_SENDNN_FIX}={current!r} disagree: set one of them")
+    _SET_FOR_COMMAND.setdefault(ENV_SENDNN_FIX, os.environ.get(ENV_SENDNN_FIX))
     os.environ[ENV_SENDNN_FIX] = flag

@@ -24,6 +24,7 @@ from pathlib import Path
 from runtime.errors import ConfigError, RequestError
 from spyre_verify import __version__, cli
 from spyre_verify.cli.args import check_dir
+from spyre_verify.cli.config import command_env
 from spyre_verify.defaults import use_huge_pages
 from spyre_verify.errors import UsageError
 
@@ -155,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(hint(parser))
             return 0
         check_dirs(args)
-        return int(args.run(args))
+        with command_env():
+            return int(args.run(args))
     except ParseError as e:
         print(f"{e.prog}: error: {first_line(e)}", file=sys.stderr)
         return EXIT_USAGE

@@ -4,14 +4,17 @@ The file is what `check` writes beside its report when it finds something (`spyr
 the runtime's factory, the config, and the main pass's calls. The runtime is built from the
 same factory and config with no fault, warmed up and watched by a fresh instance of the one
 checker that found it; the calls up to the finding are made again, the checker is finished,
-and the run exits 1 when the same kind of violation shows, 0 when it does not (a fix applied,
-`--sendnn-fix` for the real plugin, shows here as exit 0).
+and the run exits 1 when the same kind of violation shows (or the runtime does not follow the
+calls), 0 when it does not. Nothing is added to the runtime: an outside fix the environment
+applies (`SPYRE_VERIFY_SENDNN_FIX` for the real plugin) shows here as exit 0, and the replay's
+second line says which fixes were in force.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from spyre_verify.report import SCHEMA_VERSION
 
 
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
+    from spyre_verify.checks.crash import first_line
     from spyre_verify.checks.graph_reuse import counting_wrapper
     from spyre_verify.protocol import layout_of
     from spyre_verify.report import config_of
@@ -47,7 +51,9 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
         raise UsageError(
             f"{args.report}: finding {args.index} is not a check finding ({type(e).__name__}: {e})"
         ) from None
+    fixes = {k: v for k, v in os.environ.items() if k.startswith("SPYRE_VERIFY_") and k.endswith("_FIX") and v}
     print(f"replay: finding {args.index} of {args.report}, [{f['check']}/{f['kind']}], {cut} calls on {target}")
+    print("fixes in force: " + (", ".join(f"{k}={v}" for k, v in fixes.items()) or "none (the runtime as installed)"))
     runtime = open_runtime(target, settings_for(config, counting_wrapper([checker])))
     try:
         if checker.skip(runtime.capabilities, layout_of(runtime)):
@@ -55,8 +61,13 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
                 f"{args.report}: the {f['check']} check does not run on this runtime now: {checker.not_run}"
             )
         checker.attach(runtime)
-        runtime.warmup()
-        now = replay(runtime, calls[:cut], checker)
+        try:
+            runtime.warmup()
+            now = replay(runtime, calls[:cut], checker)
+        except Exception as e:  # the runtime raised where the run did not: a finding, not a harness error
+            print(f"the runtime raised during the replay: {type(e).__name__}: {first_line(e)}")
+            print(f"fails differently: the check found [{f['check']}/{f['kind']}]")
+            return 1
     finally:
         runtime.close()
     same = [v for v in now.violations if v.kind == f["kind"]]
@@ -68,10 +79,11 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
         exact = "the same message as the check's" if same[0].message == f["message"] else f"check said: {f['message']}"
         print(f"reproduced: [{f['check']}/{f['kind']}] after {now.steps} steps, {exact}")
         return 1
-    print(
-        f"does not reproduce: no {f['kind']} in {now.steps} steps"
-        + (f" (found: {now.violations[0]})" if now.violations else "")
-    )
+    found = f" (found: {now.violations[0]})" if now.violations else ""
+    if now.diverged:  # not the same run: its silence says nothing about a fix
+        print(f"inconclusive: no {f['kind']} in {now.steps} steps, but the runtime did not follow the calls{found}")
+        return 1
+    print(f"does not reproduce: no {f['kind']} in {now.steps} steps{found}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """`spyre-verify runtimes`: every runtime that has a name, where the name comes from, and
 whether it loads and offers the protocol (with the capabilities it claims). One whose factory
-says its optional package is missing (an ImportError, as the real plugin's adapter raises
-without the `sendnn` extra) is listed as not installed and does not fail the command."""
+says its optional package is missing (an exception with `not_installed = True`, as the real
+plugin's adapter raises without the `sendnn` extra) is listed as not installed and does not fail
+the command; any other failure to load is a broken runtime."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             status, caps, faults = "ok", sorted(rt.capabilities), sorted(rt.faults)
         except UsageError as e:
             # A runtime whose optional package is absent is not broken: it is not installed here.
-            absent = isinstance(e.__cause__, ImportError)
+            absent = getattr(e.__cause__, "not_installed", False) is True
             status, caps, faults = f"{'not installed' if absent else 'unusable'}: {e}", [], []
         rows.append(
             {

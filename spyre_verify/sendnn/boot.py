@@ -3,11 +3,13 @@ version, whether its internals can be hooked, the tiny local model, and vLLM's c
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 import importlib.metadata
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -61,6 +63,8 @@ class PluginUnavailable(ValueError):
 class PluginNotInstalled(ImportError):
     """The plugin is not installed: an optional runtime, absent (`runtimes` lists it so, not as broken)."""
 
+    not_installed = True  # the protocol's mark of an optional runtime whose package is absent
+
 
 def installed_version() -> str:
     try:
@@ -90,7 +94,17 @@ def prepare_process() -> str:
     for key, value in ENV.items():
         os.environ[key] = value
     os.environ["MASTER_PORT"] = str(free_port())  # each engine starts torch.distributed afresh
-    missing = [f"{m}.{a}" for m, a in HOOKS if not _has(m, a)]
+    present = set()
+    for module in dict.fromkeys(m for m, _ in HOOKS):
+        try:
+            importlib.import_module(module)
+            present.add(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # a module it imports is missing: a broken install, not a moved release
+                raise PluginUnavailable(f"{PACKAGE} {version}: import {module} failed: {e}") from None
+        except Exception as e:  # a broken install (the CUDA torchvision left in place, say), not a moved release
+            raise PluginUnavailable(f"{PACKAGE} {version}: import {module} failed: {type(e).__name__}: {e}") from None
+    missing = [f"{m}.{a}" for m, a in HOOKS if m not in present or not _has(m, a)]
     if missing:
         raise PluginUnavailable(
             f"{PACKAGE} {version}: cannot hook {missing[0]}"
@@ -102,10 +116,7 @@ def prepare_process() -> str:
 
 
 def _has(module: str, dotted: str) -> bool:
-    try:
-        obj: Any = importlib.import_module(module)
-    except Exception:  # a missing or broken module: the hook point is not there
-        return False
+    obj: Any = importlib.import_module(module)  # imported already (prepare_process)
     for part in dotted.split("."):
         if not hasattr(obj, part):
             return False
@@ -120,7 +131,9 @@ def model_dir() -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    root = Path(tempfile.mkdtemp(prefix="spyre-verify-sendnn-")) / "tiny-llama"
+    top = tempfile.mkdtemp(prefix="spyre-verify-sendnn-")
+    atexit.register(shutil.rmtree, top, ignore_errors=True)
+    root = Path(top) / "tiny-llama"
     root.mkdir(parents=True)
     config = {
         "architectures": ["LlamaForCausalLM"],
@@ -161,7 +174,7 @@ class Sizes:
     max_num_seqs: int
     chunk: int  # max_num_batched_tokens: the plugin's prefill chunk, a multiple of 64
     tkv_limit: int  # VLLM_DT_MAX_BATCH_TKV_LIMIT
-    prefix_caching: bool
+    prefix_caching: bool  # off: shared blocks need the shared-owner rules the harness does not have yet
     seed: int = 0
 
 
@@ -173,12 +186,20 @@ def sizes_of(settings: Any) -> Sizes:
     if L % BLOCK_SIZE or L < 2 * BLOCK_SIZE:
         raise PluginUnavailable(f"--max-model-len={L}: the plugin needs a multiple of 64, at least 128")
     options = dict(getattr(settings, "options", {}) or {})
-    chunk = int(options.get("max_num_batched_tokens") or min(512, max(BLOCK_SIZE, L // 2 // BLOCK_SIZE * BLOCK_SIZE)))
-    if chunk % BLOCK_SIZE:
-        raise PluginUnavailable(f"--max-num-batched-tokens={chunk}: the plugin's chunk must be a multiple of 64")
+    refused = {
+        "num_blocks": "--num-blocks: the plugin sizes its own pool (max_num_seqs * max_model_len / 64 + 1, rounded "
+        "up to a multiple of max_num_seqs); leave it out",
+        "layout": "--layout ragged: the plugin's batching is its own (reports call its layout none); leave it out",
+        "batched_decode": "SPYRE_BATCHED_DECODE=0: the plugin has no per-sequence decode kernel; unset it",
+    }
+    for key, why in refused.items():
+        if key in options:
+            raise PluginUnavailable(why)
+    # The plugin's CLI default chunk of 512, capped at half of max_model_len so that prompts are split.
+    chunk = min(512, max(BLOCK_SIZE, L // 2 // BLOCK_SIZE * BLOCK_SIZE))
     native = getattr(settings, "native", None)
     limit = getattr(native, "max_batch_tkv_limit", None) or L * S
-    return Sizes(L, S, chunk, int(limit), bool(options.get("prefix_caching", False)))
+    return Sizes(L, S, chunk, int(limit), prefix_caching=False)
 
 
 def vllm_config(sizes: Sizes) -> Any:

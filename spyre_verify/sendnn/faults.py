@@ -48,11 +48,11 @@ def named(fault: str | None) -> str | None:
 
 
 def fixes(options: Mapping[str, Any]) -> frozenset[str]:
-    unknown = sorted(
-        set(options) - {"fix", "max_num_batched_tokens", "layout", "num_blocks", "seams", "batched_decode"}
-    )
+    # The bundled runtime's own options (a pool, a layout, seams) are refused or ignored by boot.sizes_of.
+    known = {"fix", "num_blocks", "layout", "max_num_batched_tokens", "batched_decode", "seams"}
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise PluginUnavailable(f"runtime option {unknown[0]!r}: the sendnn adapter takes only 'fix'")
+        raise PluginUnavailable(f"runtime option {unknown[0]!r}: the sendnn adapter takes 'fix' (--sendnn-fix)")
     raw = options.get("fix") or os.environ.get(ENV_FIX, "")
     names = {n.strip() for n in (raw.split(",") if isinstance(raw, str) else raw) if n.strip()}
     bad = sorted(names - set(FIXES))

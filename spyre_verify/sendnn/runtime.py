@@ -24,6 +24,7 @@ from spyre_verify.sendnn.reference import ReferenceRun, generate
 from spyre_verify.sendnn.slot import Slot
 
 NULL_BLOCK = 0  # vLLM's null block, where the plugin sinks the KV of left padding
+_WARM: SendnnRuntime | None = None  # the runtime whose hooks are in place (they are process-wide)
 
 
 class Refused(ValueError):
@@ -143,6 +144,10 @@ class SendnnRuntime:
         """Build the engine: its construction runs the plugin's warmup on the adapter's slot."""
         if self.core is not None:
             raise RuntimeError("warmup runs once per runtime")
+        global _WARM
+        if _WARM is not None:  # the hooks are on the plugin's classes: one warm runtime a process
+            raise RuntimeError("another sendnn runtime is warm in this process: close it before warming this one")
+        _WARM = self
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.engine.input_processor import InputProcessor
         from vllm.v1.executor import Executor
@@ -270,12 +275,15 @@ class SendnnRuntime:
         return free, s.total_reserved_blocks, tuple(sorted(s.reserved_blocks.items())), len(s.waiting)
 
     def close(self) -> None:
+        global _WARM
         try:
             if self.core is not None:
                 core, self.core = self.core, None
                 _shutdown(core)
         finally:
             self.hooks.restore()
+            if _WARM is self:
+                _WARM = None
 
     def __enter__(self) -> SendnnRuntime:
         return self

@@ -85,8 +85,11 @@ def test_a_missing_plugin_is_refused_naming_the_install(monkeypatch: pytest.Monk
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", absent)
-    message = refused()
-    assert "sendnn-inference is not installed" in message and boot.INSTALL in message
+    with pytest.raises(boot.PluginNotInstalled) as info:  # marked so that `runtimes` says "not installed"
+        make(settings()).close()
+    message = str(info.value)
+    assert "sendnn-inference is not installed" in message and boot.INSTALL in message and "\n" not in message
+    assert info.value.not_installed is True
 
 
 def test_an_untested_release_warns_one_line_naming_the_tested_one(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from spyre_verify.protocol import Settings, missing
 from spyre_verify.runtimes import open_runtime, resolve_name
 from spyre_verify.sendnn import boot
@@ -62,6 +64,14 @@ def test_a_warmed_runtime_hooks_the_plugin_and_close_puts_every_hook_back(origin
         rt.add_request([5, 6, 7], 2, ignore_eos=True)
         serve(rt)
         assert rt.finished["req-0"].reason == "length"
+        # The hooks are on the plugin's classes: a second runtime may not warm over them.
+        other = open_runtime(SENDNN, SETTINGS)
+        try:
+            with pytest.raises(RuntimeError, match="another sendnn runtime is warm in this process"):
+                other.warmup()
+        finally:
+            other.close()
+        assert set(changed_hooks(originals)) == hooked  # the refused one took nothing of the warm one's
     finally:
         rt.close()
     assert changed_hooks(originals) == []

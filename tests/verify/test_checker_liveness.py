@@ -202,10 +202,22 @@ def test_a_reservation_still_held_at_the_end_is_judged_then() -> None:
     rt = Fake(held={"a": 1})
     c = attached(rt)
     accept(c, "a")
+    end(c, "a", 0, "abort")  # aborted before step 0, the run's last: that step should have released it
     stepped(c, rt, 0)
-    end(c, "a", 1, "abort")  # aborted after the last step: no later step judges it
+    assert kinds(c) == []  # a step's own judgement gives it that step
     c.finish(rt)
     assert kinds(c) == ["leaked-reservation"]
+    assert c.violations[0].message.startswith("at the end of the run (after step 0): a ended (abort) at step 0")
+
+
+def test_an_abort_after_the_last_step_has_had_no_step_to_release_in() -> None:
+    rt = Fake(held={"a": 1})  # a runtime that releases at its next schedule, which never came
+    c = attached(rt)
+    accept(c, "a")
+    stepped(c, rt, 0)
+    end(c, "a", 1, "abort")  # aborted after the last step
+    c.finish(rt)
+    assert kinds(c) == [] and c.observed()["reservation_checks"] == 2
 
 
 def test_without_the_capability_reservations_are_never_asked_for() -> None:

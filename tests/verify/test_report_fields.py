@@ -18,18 +18,22 @@ PADDED = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, backend="
 def test_a_ragged_config_reports_the_budget_and_entry_target_in_force() -> None:
     # The runtime received T = max(min(16, 2048), 4) = 16 and E = 32; the report said null ("default").
     c = config_payload(RAGGED)
-    assert (c["max_num_batched_tokens"], c["batched_decode_entries"]) == (16, 32)
+    assert (c["resolved"]["max_num_batched_tokens"], c["resolved"]["batched_decode_entries"]) == (16, 32)
+    assert (c["max_num_batched_tokens"], c["batched_decode_entries"]) == (None, None)  # as given: defaults
     assert "max_num_batched_tokens=16 batched_decode_entries=32" in layout_words(c) and "default" not in layout_words(c)
     assert "SPYRE_MAX_NUM_BATCHED_TOKENS" not in c["env_overrides"]  # still only what was set
     # Padded keeps null: neither applies there.
     p = config_payload(PADDED)
-    assert (p["max_num_batched_tokens"], p["batched_decode_entries"]) == (None, None)
+    assert (p["max_num_batched_tokens"], p["batched_decode_entries"], p["resolved"]) == (None, None, None)
 
 
 def test_a_reported_config_reads_back_as_one_that_runs_the_same() -> None:
     own = RAGGED.with_(query_buckets=(8, 16))
     back = config_of(config_payload(own))  # a query ladder travels as a JSON list, and reads back
     assert (back.token_budget, back.decode_entries, back.query_buckets) == (16, 32, (8, 16))
+    # ...and the same config: a default does not come back as an override nobody set.
+    assert back == own and back.env_overrides() == own.env_overrides()
+    assert config_of(config_payload(RAGGED)) == RAGGED
 
 
 def test_a_fault_row_names_its_config() -> None:

@@ -246,6 +246,18 @@ VERDICTS = {
     "an-extra-kind": (report(*EXPECTED, "output-equivalence/unfinished"), 1, "found but not expected: output-"),
     "a-fault-escaped": (report(*EXPECTED, caught=(True, False)), 1, "faults not caught: fault-1"),
     "error-alone": (report(error="serving crashed: boom"), 1, "serving crashed: boom"),
+    "too-little-beside-them": (
+        report(*EXPECTED, error="verified too little: 30 of 40 requests were refused"),
+        1,
+        "verified too little",
+    ),
+    "not-observed": ({**report(*EXPECTED), "not_observed": ["padding-validity"]}, 1, "not observed: padding-"),
+    "per-sequence-failed": ({**report(*EXPECTED), "per_sequence_pass": {"verdict": "fail"}}, 1, "per-sequence"),
+    "sibling-clean-failed": (
+        {**report(*EXPECTED), "controls_config": {"clean_run": {"verdict": "fail"}}},
+        1,
+        "clean run failed",
+    ),
 }
 
 
@@ -298,3 +310,33 @@ def test_a_run_keeps_the_rules_its_runtime_declares(target: str, rules: dict[str
         TINY, workload=[Arrival(0, (1,), 2)], checkers=[Liveness()], controls=False, coverage=False, runtime=target
     )
     assert result.error is None and result.rules == rules
+
+
+# -- what a reproducer may replay ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stage", "replayable"),
+    [("serving", True), ("crowd traffic", True), ("warmup", False), ("preflight", False), ("the control calls", False)],
+)
+def test_a_crash_replays_only_when_the_calls_made_it(stage: str, replayable: bool) -> None:
+    from spyre_verify.checks.crash import RuntimeCrash
+
+    crash = RuntimeCrash()
+    crash.record(stage, RuntimeError("boom"))
+    [found] = Tape().reproducers([crash])
+    assert found["replayable"] is replayable, crash.violations[0].message
+
+
+def test_a_taped_runtime_names_its_own_requests() -> None:
+    taped = Taped(ReservingEngine(Config(block_size=4, max_model_len=8, max_num_seqs=2)), [])
+    with pytest.raises(TypeError, match="names its own requests"):
+        taped.add_request([1, 2], 2, "mine")
+
+
+def test_a_fault_run_writes_no_reproducer_its_findings_are_the_faults(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = main(["check", "--fault", "live-block-padding", "--no-controls", "--requests", "4", "--out", str(out)])
+    report_ = json.loads((out / "check-live-block-padding.json").read_text())
+    assert code == 1 and report_["reproducer"] is None
+    assert not list(out.glob("*-repro.json"))
