@@ -80,6 +80,11 @@ def given_as(target: str) -> str:
     return _FROM_ENV.get(target, f"--runtime={target!r}")
 
 
+def forget_resolutions() -> None:
+    """Forget how each runtime was named: a command's own resolutions end with it (`cli.config.command_env`)."""
+    _FROM_ENV.clear()
+
+
 def resolve_name(spec: str | None, env: Mapping[str, str] | None = None) -> str:
     """The factory target for `spec` (a name or module:attr), else the env's, else the bundled one."""
     env = os.environ if env is None else env

@@ -207,15 +207,19 @@ def runtime_sizes(spec: str | None, env: Mapping[str, str]) -> dict[str, int] | 
 
 
 # Variables a command set for its own run (and its workers), each with the value it replaced:
-# `command_env` puts them back when the command ends, so a second command in the process starts clean.
+# `command_env` puts them back when the command ends, and forgets how its runtime was named, so a
+# second command in the process starts clean.
 _SET_FOR_COMMAND: dict[str, str | None] = {}
 
 
 @contextlib.contextmanager
 def command_env() -> Iterator[None]:
+    from spyre_verify.runtimes import forget_resolutions
+
     try:
         yield
     finally:
+        forget_resolutions()
         for key, old in _SET_FOR_COMMAND.items():
             if old is None:
                 os.environ.pop(key, None)
