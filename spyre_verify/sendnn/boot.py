@@ -4,6 +4,7 @@ version, whether its internals can be hooked, the tiny local model, and vLLM's c
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -51,6 +52,7 @@ ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # a command's stdout is its own (check --json)
     "VLLM_CONFIGURE_LOGGING": "1",
     "MASTER_ADDR": "127.0.0.1",
 }
@@ -97,7 +99,8 @@ def prepare_process() -> str:
     present = set()
     for module in dict.fromkeys(m for m, _ in HOOKS):
         try:
-            importlib.import_module(module)
+            with contextlib.redirect_stdout(sys.stderr):  # the plugin prints notes on import
+                importlib.import_module(module)
             present.add(module)
         except ModuleNotFoundError as e:
             if e.name != module:  # a module it imports is missing: a broken install, not a moved release
@@ -222,4 +225,7 @@ def vllm_config(sizes: Sizes) -> Any:
         enforce_eager=True,
         seed=sizes.seed,
     )
-    return args.create_engine_config()
+    # The platform prints its start-up logo on stdout here: to stderr instead, so that a command's
+    # stdout (check --json, runtimes --json) stays what the command printed.
+    with contextlib.redirect_stdout(sys.stderr):
+        return args.create_engine_config()

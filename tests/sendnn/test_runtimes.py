@@ -79,3 +79,16 @@ def test_a_warmed_runtime_hooks_the_plugin_and_close_puts_every_hook_back(origin
     assert rt.core is None and len(rt.hooks) == 0
     rt.close()  # a second close is harmless
     assert changed_hooks(originals) == []
+
+
+def test_a_commands_stdout_stays_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """The plugin prints a logo and notes, and vLLM logs, on stdout by default: the adapter sends
+    them to stderr, so that `--json` output parses."""
+    import json
+
+    from spyre_verify.cli.main import main
+
+    capsys.readouterr()
+    code = main(["runtimes", "--runtime", "sendnn", "--json"])
+    rows = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)["runtimes"]}
+    assert code == 0 and rows["sendnn"] == "ok"
