@@ -1,59 +1,15 @@
-"""Shared by the sendnn adapter's tests: the runtime's name and sizes, a counting backend wrapper
-(the harness's role, written here so the serving tests need no checker), a recorder of every
-event, and the hook points the adapter patches, read as objects so that `close()` can be held to
-putting each one back."""
+"""Shared by the sendnn adapter's tests: the runtime's name and sizes, and the hook points the
+adapter patches, read as objects so that `close()` can be held to putting each one back."""
 
 from __future__ import annotations
 
 import importlib
-from collections import Counter, defaultdict
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from spyre_verify.sendnn import boot
 
 SENDNN = "spyre_verify.sendnn:make"
 SIZES: dict[str, Any] = {"block_size": 64, "max_model_len": 256, "max_num_seqs": 2, "backend": "eager"}
-
-
-class CountingWrapper:
-    """Wraps each kernel's backend: a compile per graph handed over, a hit per graph call."""
-
-    def __init__(self) -> None:
-        self.compiles: Counter[str] = Counter()
-        self.hits: Counter[str] = Counter()
-
-    def wrap(self, kernel: str, backend: Callable[..., Any]) -> Callable[..., Any]:
-        def counting(gm: Any, example_inputs: Any, *rest: Any, **kw: Any) -> Any:
-            self.compiles[kernel] += 1
-            compiled = backend(gm, example_inputs, *rest, **kw)
-
-            def call(*args: Any) -> Any:
-                self.hits[kernel] += 1
-                return compiled(*args)
-
-            return call
-
-        return counting
-
-
-class Recorder:
-    """An observer of every kind: `rec.events["dispatch"]` lists the dispatch events in order."""
-
-    def __init__(self) -> None:
-        self.events: defaultdict[str, list[Any]] = defaultdict(list)
-
-    def __getattr__(self, name: str) -> Callable[[Any], None]:
-        if not name.startswith("on_"):
-            raise AttributeError(name)
-        log = self.events[name.removeprefix("on_")]
-
-        def record(ev: Any) -> None:
-            # `owners` is a live view of the pool: keep a copy of it as it was at the event.
-            log.append(replace(ev, owners=dict(ev.owners)) if hasattr(ev, "owners") else ev)
-
-        return record
 
 
 def hook_points() -> dict[str, tuple[Any, bool]]:

@@ -13,7 +13,8 @@ import pytest
 from spyre_verify.protocol import Settings
 from spyre_verify.runtimes import open_runtime
 from spyre_verify.sendnn.events import DECODE, PREFILL
-from tests.sendnn.helpers import SENDNN, SIZES, CountingWrapper, Recorder, serve
+from tests.foreign.conftest import CountingWrapper, Recorder  # the harness's role, as the foreign tests play it
+from tests.sendnn.helpers import SENDNN, SIZES, serve
 
 BS = 64
 SHORT = [5 + i for i in range(10)]  # under a block: its first chunk is left padded
