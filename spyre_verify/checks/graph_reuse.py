@@ -100,6 +100,7 @@ class GraphReuse(Checker):
         self.ledger = CallLedger(self.counter, self._calls_per_dispatch(engine))
         self._labelled: set[tuple[str, int]] = set()  # (kernel, compile index) already held to its inputs
         self.unmapped = 0  # compiles whose inputs give no bucket: not judged
+        self._short_flagged: set[str] = set()  # kernels already flagged `uncounted-call`
         self.limits: dict[str, Any] = {}
         self.serving_counted: Counter[str] | None = None
         if self.contract:
@@ -131,6 +132,10 @@ class GraphReuse(Checker):
 
     def on_step(self, ev: Any) -> None:
         self.ledger.step_done(ev.step)
+        if self.strict and self.ledger.first_short.keys() - self._short_flagged:
+            # A strict run (a kill-table row) stops at the first step whose calls ran without the
+            # compiled kernel, instead of serving the rest of its traffic to find it at the end.
+            self._judge_calls(frozen=False)
 
     def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
         calls: Counter[Bucket] = Counter()
@@ -344,12 +349,18 @@ class GraphReuse(Checker):
         self._judge_calls()
         self.cross_check()
 
-    def _judge_calls(self) -> None:
-        """The calls the serving dispatches imply against the hits the counting backend saw, per kernel."""
-        self.ledger.interrupted()  # a dispatch still open: its step never finished
-        counted = self.serving_counted = self.ledger.counted()  # frozen: control calls come after
+    def _judge_calls(self, frozen: bool = True) -> None:
+        """The calls the serving dispatches imply against the hits the counting backend saw, per
+        kernel, each kernel flagged once. `frozen`: at the end of serving (control calls come after)."""
+        if frozen:
+            self.ledger.interrupted()  # a dispatch still open: its step never finished
+        counted = self.ledger.counted()
+        if frozen:
+            self.serving_counted = counted
         for kernel, message, bucket in shortfalls(self.ledger, counted):
-            self.flag("uncounted-call", message, kernel=kernel, bucket=bucket)
+            if kernel not in self._short_flagged:
+                self._short_flagged.add(kernel)
+                self.flag("uncounted-call", message, kernel=kernel, bucket=bucket)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
