@@ -20,6 +20,7 @@ from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.dispatch import DispatchCoverage
+from spyre_verify.checks.echo import RequestEcho
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.ladders import LadderAgreement
@@ -62,6 +63,7 @@ def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample
         WarmupExactness(strict),
         OutputEquivalence(strict, sample=output_sample),
         Liveness(strict),
+        RequestEcho(strict),
         RuntimeCrash(),
     ]
 
@@ -279,17 +281,19 @@ def verify(
         crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
+        # The traffic's calls, kept for a finding's reproducer; the checkers attach through it, so that
+        # they judge the requests the harness sent, not the runtime's echo of them.
+        driven = Taped(engine)
+        result.tape = driven.tape
         try:
             for c in checkers:
                 if not c.skip(engine.capabilities, layout_of(engine)):
-                    c.attach(engine)
+                    c.attach(driven)
         except InvariantViolation as e:  # a strict checker (a control's, stopping early) flagged at attach
             result.error = f"attach stopped: {e.violations[0]}"
             return result
-        checkers = [c for c in checkers if c.not_run is None]
+        checkers = driven.checkers = [c for c in checkers if c.not_run is None]
         graph = graph if graph in checkers else None
-        driven = Taped(engine, checkers)  # the traffic's calls, kept for a finding's reproducer
-        result.tape = driven.tape
         stage = "warmup"
         served: tuple[int, int] = (0, 0)  # the seeded workload's (accepted, refused)
         t0 = time.perf_counter()

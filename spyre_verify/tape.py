@@ -11,6 +11,7 @@ sizes, with the one checker that found it attached (`replay`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,15 +62,24 @@ class Tape:
 
 
 class Taped:
-    """A runtime's serving face that writes every call down; everything else passes through."""
+    """A runtime's serving face that writes every call down; everything else passes through.
 
-    def __init__(self, runtime: Any, checkers: Sequence[Checker]) -> None:
-        self._runtime, self._checkers = runtime, checkers
+    Observers subscribed through it (the checkers `verify` attaches) are told what the harness
+    sent, not what the runtime says it received: a request event arriving while an add is in
+    flight reaches them as that add's arrival (`AsSent`), and an observer with `on_echo(event,
+    sent)` sees both, to hold the runtime's echo to the arrival (`checks.echo`)."""
+
+    def __init__(self, runtime: Any, checkers: Sequence[Checker] = ()) -> None:
+        self._runtime, self.checkers = runtime, checkers
         self.tape = Tape()
         self._adds: dict[str, int] = {}  # request id -> index of its add on the tape
+        self.sending: dict[str, Any] | None = None  # the add in flight
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runtime, name)
+
+    def subscribe(self, observer: Any) -> Any:
+        return self._runtime.subscribe(AsSent(self, observer))
 
     def add_request(
         self,
@@ -87,11 +97,14 @@ class Taped:
         self.tape.calls.append(call)
         if request_id is not None:  # the tape replays adds by position, so the runtime must name them
             raise TypeError("a taped runtime names its own requests: pass no request_id")
+        self.sending = call
         try:
             rid = self._runtime.add_request(prompt, max_tokens, stop_token_ids=stops, ignore_eos=ignore_eos)
         except refusal(self._runtime):
             call["refused"] = True
             raise
+        finally:
+            self.sending = None
         self._adds[str(rid)] = index
         return str(rid)
 
@@ -109,7 +122,47 @@ class Taped:
         try:
             return self._runtime.step()
         finally:
-            self.tape.mark(self._checkers)
+            self.tape.mark(self.checkers)
+
+
+class AsSent:
+    """An observer as `Taped` subscribes it: every handler its own, but a request event replaced
+    by the arrival the harness sent (the same request id), and shown with it to `on_echo`."""
+
+    def __init__(self, taped: Taped, observer: Any) -> None:
+        self._taped, self._observer = taped, observer
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return getattr(self._observer, name)
+
+    @property
+    def on_request(self) -> Any:
+        handler = getattr(self._observer, "on_request", None)
+        echo = getattr(self._observer, "on_echo", None)
+        if not callable(handler) and not callable(echo):
+            return None  # nothing to deliver: the bus skips it
+
+        def deliver(ev: Any) -> None:
+            sent = self._taped.sending
+            if callable(echo):
+                echo(ev, sent)
+            if callable(handler):
+                handler(as_sent(ev, sent) if sent is not None else ev)
+
+        return deliver
+
+
+def as_sent(ev: Any, sent: dict[str, Any]) -> Any:
+    """The request event with the fields the harness sent."""
+    return dataclasses.replace(
+        ev,
+        prompt=tuple(sent["prompt"]),
+        max_tokens=sent["max_tokens"],
+        stop_token_ids=tuple(sent["stop_token_ids"]),
+        ignore_eos=bool(sent["ignore_eos"]),
+    )
 
 
 @dataclass

@@ -30,6 +30,7 @@ CHECKS = {
     "volume-limit",
     "runtime-crash",
     "liveness",
+    "request-echo",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]
