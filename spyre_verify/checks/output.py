@@ -50,6 +50,7 @@ class OutputEquivalence(Checker):
         self.finished: dict[str, str] = {}  # request id -> finish reason
         self.step_bucket: dict[int, str] = {}
         self.judged: set[str] = set()  # compared as they ended (strict only)
+        self.delivered: dict[str, tuple[int, ...]] = {}  # request id -> the tokens its finish event carried
         self.runtime = engine
         super().attach(engine)
 
@@ -57,6 +58,7 @@ class OutputEquivalence(Checker):
         """Drop everything held of earlier requests: a hunt judges each example on its own."""
         for held in (self.requests, self.tokens, self.logits, self.finished, self.step_bucket, self.judged):
             held.clear()
+        self.delivered.clear()
 
     def chosen(self, request_id: str) -> bool:
         return request_id in self.logits
@@ -79,6 +81,7 @@ class OutputEquivalence(Checker):
     def on_finish(self, ev: FinishEvent) -> None:
         rid = ev.request_id
         self.finished[rid] = ev.reason
+        self.delivered[rid] = tuple(ev.tokens)
         # Strict (a control's run, which stops at the first violation): judge a request as it ends,
         # once its tokens are all in, so a wrong one stops the run there and not after every
         # request and scenario has been served. Otherwise at the end, where `finish` judges the rest.
@@ -87,11 +90,27 @@ class OutputEquivalence(Checker):
             self.compare(self.runtime, self.requests[rid])
 
     def finish(self, engine: Any) -> None:
+        self.judge_delivery(getattr(engine, "finished", {}))
         for rid, req in self.requests.items():
             if rid not in self.finished:
                 self.flag_unfinished(engine, req)
             elif self.chosen(rid) and rid not in self.judged:
                 self.compare(engine, req)
+
+    def judge_delivery(self, records: Any) -> None:
+        """What a user reads of each ended request, its finish event's tokens and the runtime's
+        `finished` record, is the tokens its token events gave, which are the ones judged."""
+        for rid, delivered in self.delivered.items():
+            judged = tuple(t for t, _ in self.tokens.get(rid, ()))
+            record = records.get(rid)
+            for what, tokens in (("finish event", delivered), ("finished record", getattr(record, "tokens", None))):
+                if tokens is not None and tuple(tokens) != judged:
+                    self.flag(
+                        "delivery-mismatch",
+                        f"{rid}'s {what} carries tokens {list(tokens)[-4:]} (last 4 of {len(tokens)}), but its "
+                        f"token events gave {list(judged)[-4:]} (last 4 of {len(judged)}): users read tokens "
+                        "that were not the ones judged",
+                    )
 
     def flag_unfinished(self, runtime: Any, req: RequestEvent) -> None:
         self.unfinished += 1
