@@ -33,7 +33,7 @@ from spyre_verify.crowds import crowd_traffic_for_check
 from spyre_verify.edges import abort_edges, boundary_arrivals, chunk_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
-from spyre_verify.protocol import Runtime, layout_of
+from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
 from spyre_verify.tape import Tape, Taped
@@ -198,7 +198,7 @@ def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
 
 
 def serve(
-    engine: Runtime, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
+    engine: Any, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
 ) -> tuple[int, int]:
     """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
 
@@ -283,7 +283,7 @@ def verify(
         engine.subscribe(log)
         # The traffic's calls, kept for a finding's reproducer; the checkers attach through it, so that
         # they judge the requests the harness sent, not the runtime's echo of them.
-        driven = Taped(engine)
+        driven = Taped(engine, config=config if contract else None)
         result.tape = driven.tape
         try:
             for c in checkers:

@@ -64,19 +64,32 @@ class Tape:
 class Taped:
     """A runtime's serving face that writes every call down; everything else passes through.
 
-    Observers subscribed through it (the checkers `verify` attaches) are told what the harness
-    sent, not what the runtime says it received: a request event arriving while an add is in
+    Observers subscribed through it (the checkers `verify` attaches) read the config the harness
+    built (`config`, where it gave one) and are told what the harness sent, not what the runtime
+    says it received: a request event arriving while an add is in
     flight reaches them as that add's arrival (`AsSent`), and an observer with `on_echo(event,
     sent)` sees both, to hold the runtime's echo to the arrival (`checks.echo`)."""
 
-    def __init__(self, runtime: Any, checkers: Sequence[Checker] = ()) -> None:
+    def __init__(self, runtime: Any, checkers: Sequence[Checker] = (), config: Any = None) -> None:
         self._runtime, self.checkers = runtime, checkers
         self.tape = Tape()
         self._adds: dict[str, int] = {}  # request id -> index of its add on the tape
         self.sending: dict[str, Any] | None = None  # the add in flight
+        self._config = config
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runtime, name)
+
+    @property
+    def config(self) -> Any:
+        """The config every expected value derives from: the one the harness built the runtime
+        with, where it gave one (a contract runtime's); else the runtime's own."""
+        return self._runtime.config if self._config is None else self._config
+
+    @property
+    def own_config(self) -> Any:
+        """The runtime's own account of its config, to be held to the harness's (`config-mismatch`)."""
+        return self._runtime.config
 
     def subscribe(self, observer: Any) -> Any:
         return self._runtime.subscribe(AsSent(self, observer))

@@ -36,6 +36,7 @@ request gate and the end-of-run liveness check stay meaningful for the rest of t
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -92,9 +93,18 @@ class ContractConformance(Checker):
         block, each held to DESIGN's arithmetic on the raw config fields (`derive`). The model judges
         with the derived values, so a runtime off by one here would otherwise be judged against a pool
         it does not have, or, worse, a model that read the same wrong number would agree with it."""
-        c = engine.config
+        c = engine.config  # the harness's, where the harness built the runtime (`tape.Taped`)
+        own = getattr(engine, "own_config", c)  # what the runtime says it runs with
+        if own is not c:
+            for f in dataclasses.fields(c):
+                if getattr(own, f.name, None) != getattr(c, f.name):
+                    self.flag(
+                        "config-mismatch",
+                        f"{f.name}: the runtime's config says {getattr(own, f.name, None)!r}, but the harness built "
+                        f"it with {getattr(c, f.name)!r}; every expected value derives from the harness's",
+                    )
         want = ragged_values(c) if self.ragged else derive.config_values(c)
-        said = {name: getattr(c, name) for name in want}
+        said = {name: getattr(own, name) for name in want}
         # What it built, not only what its config says: the paging capability's pool size and null block.
         if "paging" in getattr(engine, "capabilities", ()):
             said["pool size (num_blocks)"], want["pool size (num_blocks)"] = engine.num_blocks, want["total_blocks"]
