@@ -143,17 +143,17 @@ class AsSent:
     by the arrival the harness sent (the same request id), and shown with it to `on_echo`."""
 
     def __init__(self, taped: Taped, observer: Any) -> None:
-        self._taped, self._observer = taped, observer
+        self._taped, self.observer = taped, observer  # the observer itself, as the harness attached it
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("on_"):
             raise AttributeError(name)
-        return getattr(self._observer, name)
+        return getattr(self.observer, name)
 
     @property
     def on_request(self) -> Any:
-        handler = getattr(self._observer, "on_request", None)
-        echo = getattr(self._observer, "on_echo", None)
+        handler = getattr(self.observer, "on_request", None)
+        echo = getattr(self.observer, "on_echo", None)
         if not callable(handler) and not callable(echo):
             return None  # nothing to deliver: the bus skips it
 
