@@ -133,9 +133,7 @@ class GraphReuse(Checker):
     def on_step(self, ev: Any) -> None:
         self.ledger.step_done(ev.step)
         if self.strict and self.ledger.first_short.keys() - self._short_flagged:
-            # A strict run (a kill-table row) stops at the first step whose calls ran without the
-            # compiled kernel, instead of serving the rest of its traffic to find it at the end.
-            self._judge_calls(frozen=False)
+            self._judge_calls(frozen=False)  # a strict run (a kill-table row) stops at the first short step
 
     def _counters(self) -> tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]]:
         calls: Counter[Bucket] = Counter()
@@ -350,8 +348,8 @@ class GraphReuse(Checker):
         self.cross_check()
 
     def _judge_calls(self, frozen: bool = True) -> None:
-        """The calls the serving dispatches imply against the hits the counting backend saw, per
-        kernel, each kernel flagged once. `frozen`: at the end of serving (control calls come after)."""
+        """Calls the serving dispatches imply against the counting backend's hits, per kernel, each
+        flagged once; `frozen`: at the end of serving (control calls come after)."""
         if frozen:
             self.ledger.interrupted()  # a dispatch still open: its step never finished
         counted = self.ledger.counted()
