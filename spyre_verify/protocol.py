@@ -58,10 +58,11 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # A per-sequence decode kernel beside the batched one, chosen when the harness builds the
     # runtime with `options["batched_decode"] = False`: check's per-sequence pass needs it.
     "per_sequence_decode": (),
-    # The runtime follows DESIGN.md's contract (tkv, left padding, shift, strip, volume) and
-    # exposes `config` as a `runtime.config.RuntimeConfig` and `builder` for probing: the
-    # contract checkers, the reachable-set oracle and the coverage traffic need it.
-    "design_contract": ("builder",),
+    # The runtime schedules as its layout's contract says (CONTRACT.md). A runtime of one's own
+    # declares it as data (`contract`, `spyre_verify.declared`) and the harness grants this; the
+    # bundled runtime claims it with `config` a `runtime.config.RuntimeConfig` and `builder` for
+    # probing. The contract checkers, the reachable-set oracle and the coverage traffic need it.
+    "design_contract": (),
     # `reservations()`: request id -> blocks the scheduler holds in reserve for it. Liveness then
     # holds every reservation to a live request (`leaked-reservation`).
     "reservations": ("reservations",),
@@ -69,6 +70,15 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # reads unmasked (the real plugin's block 0). A `kv_write` writer of None is a padding position;
     # it may land there and nowhere else, and KV integrity leaves that block out.
     "padding_sink": ("padding_sink",),
+}
+
+# Optional attributes any runtime may carry, read as data (CONTRACT.md, "Declaring a contract").
+DECLARATIONS = {
+    "contract": "the contract it follows: layout ('padded' or 'ragged'), block_size, max_model_len, max_num_seqs "
+    "and any other value the layout reads, under RuntimeConfig's names (`spyre_verify.declared.DECLARABLE`)",
+    "layers": "the compiled calls one dispatch makes, one per model layer (graph reuse expects that many hits)",
+    "rules": "rule name -> one sentence saying where the runtime departs from CONTRACT.md",
+    "refusal": "the ValueError subclass add_request and abort refuse with",
 }
 
 CORE = (

@@ -20,6 +20,7 @@ from typing import Any
 
 import tomllib
 
+from spyre_verify.declared import DeclarationError, declare
 from spyre_verify.errors import UsageError
 from spyre_verify.protocol import Runtime, Settings, missing
 
@@ -140,7 +141,11 @@ def open_runtime(target: str, settings: Settings) -> Any:
         raise RuntimeSpecError(
             f"{given_as(target)}: the runtime does not satisfy the protocol; missing: {', '.join(lacks)}"
         )
-    return rt
+    try:
+        return declare(rt, given_as(target))
+    except DeclarationError as e:
+        rt.close()
+        raise RuntimeSpecError(str(e)) from None  # the harness's own refusal: no user traceback to keep
 
 
 def settings_for(config: Any, wrap_backend: Any = None, fault: str | None = None, seams: Any = None) -> Settings:
@@ -164,6 +169,7 @@ class Probe:
     config: Any  # its ConfigView: workloads are drawn from its sizes and vocabulary
     capabilities: frozenset[str]
     faults: Mapping[str, str]  # its own fault catalog: fault -> the checker that must catch it
+    contract: Mapping[str, Any] | None = None  # its declared contract, as it declared it (`declared`)
 
     @property
     def bundled(self) -> bool:
@@ -177,6 +183,7 @@ def probe(spec: str | None, config: Any) -> Probe:
     try:
         faults = getattr(rt, "faults", None)
         catalog = dict(faults()) if callable(faults) else {}
-        return Probe(target, rt.name, rt.config, rt.capabilities, catalog)
+        declared = getattr(rt, "contract", None)
+        return Probe(target, rt.name, rt.config, rt.capabilities, catalog, dict(declared) if declared else None)
     finally:
         rt.close()

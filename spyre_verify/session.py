@@ -30,6 +30,7 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.crowds import crowd_traffic_for_check
+from spyre_verify.declared import expected_config
 from spyre_verify.edges import abort_edges, boundary_arrivals, chunk_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
@@ -277,6 +278,8 @@ def verify(
         result.runtime = engine.name
         result.rules = dict(getattr(engine, "rules", {}) or {})
         result.runtime_config = None if runtime == BUNDLED_FACTORY else own_config(engine.config)
+        # A declared contract: the harness's config, completed by the declaration, is the one judged.
+        result.config = config = expected_config(config, engine)
         contract = "design_contract" in engine.capabilities
         crowds, coverage = coverage and not contract, coverage and contract
         log = DispatchLog()

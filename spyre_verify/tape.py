@@ -168,14 +168,26 @@ class AsSent:
 
 
 def as_sent(ev: Any, sent: dict[str, Any]) -> Any:
-    """The request event with the fields the harness sent."""
-    return dataclasses.replace(
-        ev,
-        prompt=tuple(sent["prompt"]),
-        max_tokens=sent["max_tokens"],
-        stop_token_ids=tuple(sent["stop_token_ids"]),
-        ignore_eos=bool(sent["ignore_eos"]),
-    )
+    """The request event with the fields the harness sent (an event of any type: a runtime's own)."""
+    fields = {
+        "prompt": tuple(sent["prompt"]),
+        "max_tokens": sent["max_tokens"],
+        "stop_token_ids": tuple(sent["stop_token_ids"]),
+        "ignore_eos": bool(sent["ignore_eos"]),
+    }
+    if dataclasses.is_dataclass(ev) and not isinstance(ev, type):
+        return dataclasses.replace(ev, **fields)
+    return Overlaid(ev, fields)
+
+
+class Overlaid:
+    """An event with some fields replaced, for events that are not dataclasses."""
+
+    def __init__(self, event: Any, fields: dict[str, Any]) -> None:
+        self._event, self._fields = event, fields
+
+    def __getattr__(self, name: str) -> Any:
+        return self._fields[name] if name in self._fields else getattr(self._event, name)
 
 
 @dataclass

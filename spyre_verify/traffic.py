@@ -15,7 +15,7 @@ from typing import Any
 from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle.walk import Action, reachable
-from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, Servable, ServeStats, serve
+from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, serve
 from spyre_verify.workload import Abort, Arrival, Item
 
 
@@ -78,8 +78,22 @@ def step_limit(config: RuntimeConfig) -> int:
     return 4 * config.max_model_len + 8
 
 
+class Dispatched:
+    """The buckets of a scenario's serving dispatches, in order."""
+
+    def __init__(self) -> None:
+        self.buckets: list[Bucket] = []
+
+    def on_dispatch(self, ev: Any) -> None:
+        self.buckets.append(ev.bucket)  # a scenario's steps, on an engine warmed up or not
+
+    def on_plan(self, plan: Any, _: object) -> None:
+        if getattr(plan, "bucket", None) is not None:
+            self.buckets.append(plan.bucket)
+
+
 def drive(
-    engine: Servable,
+    engine: Any,
     pending_arrivals: tuple[Item, ...],
     max_steps: int,
     on_rejected: Rejected | None = None,
@@ -93,11 +107,7 @@ def drive(
     it as they judge any other traffic's) and then stops the scenario as a `PlanError`;
     without `on_rejected` it raises as the runtime raised it. Every abort sent goes to `on_abort`.
     """
-    dispatched: list[Bucket] = []
-
-    def record(result: Any, _: ServeStats) -> None:
-        if getattr(result, "bucket", None) is not None:
-            dispatched.append(result.bucket)
+    seen = Dispatched()
 
     def missed(a: Abort, rid: str | None) -> None:
         raise PlanError(f"{a}: request {rid} of arrival #{a.ref} had already ended")
@@ -108,23 +118,29 @@ def drive(
         prompt = f"{len(a.prompt)}-token prompt, max_tokens {a.max_tokens}"
         raise PlanError(f"the runtime refused the witness's request ({prompt}): {type(e).__name__}: {e}")
 
-    stats = serve(
-        engine,
-        pending_arrivals,
-        on_step=record,
-        on_missed=missed,
-        on_rejected=refused if on_rejected is not None else None,
-        on_abort=on_abort,
-        max_steps=max_steps,
-        skip_idle=False,
-    )
+    # What ran is read off the dispatch events, every call of a step, not off step()'s answer; a
+    # tensor-free `Sim` has no events, and its plan is the step's (one bucket a step for the walk's tests).
+    detach = engine.subscribe(seen) if hasattr(engine, "subscribe") else lambda: None
+    try:
+        stats = serve(
+            engine,
+            pending_arrivals,
+            on_step=None if hasattr(engine, "subscribe") else seen.on_plan,
+            on_missed=missed,
+            on_rejected=refused if on_rejected is not None else None,
+            on_abort=on_abort,
+            max_steps=max_steps,
+            skip_idle=False,
+        )
+    finally:
+        detach()
     if stats.stopped == MAX_STEPS:
         raise PlanError(f"scenario still busy after {max_steps} steps")
     if stats.stopped is not None:
         joins = sum(isinstance(a, Arrival) for a in pending_arrivals)
         pending, what = joins - stats.submitted, "idle" if stats.stopped == IDLE else "stalled"
         raise PlanError(f"engine {what} at step {stats.steps} with {pending} arrivals pending")
-    return dispatched
+    return seen.buckets
 
 
 def run_scenario(

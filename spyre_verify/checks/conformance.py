@@ -49,6 +49,8 @@ from spyre_verify.oracle.ragged_compare import describe_ragged
 from spyre_verify.oracle.ragged_model import RaggedModel, ragged_values
 
 RECORDS_EVERY = 256  # finish events held before the runtime's record of them is checked
+# A declared value compared by what it resolves to: an unset budget is the budget the default gives.
+EFFECTIVE = {"max_num_batched_tokens": "token_budget", "batched_decode_entries": "decode_entries"}
 
 
 class ContractConformance(Checker):
@@ -96,12 +98,15 @@ class ContractConformance(Checker):
         c = engine.config  # the harness's, where the harness built the runtime (`tape.Taped`)
         own = getattr(engine, "own_config", c)  # what the runtime says it runs with
         if own is not c:
-            for f in dataclasses.fields(c):
-                if getattr(own, f.name, None) != getattr(c, f.name):
+            # A declared contract is held to what it declares; the bundled config to every field.
+            names = getattr(engine, "declared_fields", None) or [f.name for f in dataclasses.fields(c)]
+            for name in names:
+                mine, theirs = (getattr(x, EFFECTIVE.get(name, name), None) for x in (own, c))
+                if mine != theirs:
                     self.flag(
                         "config-mismatch",
-                        f"{f.name}: the runtime's config says {getattr(own, f.name, None)!r}, but the harness built "
-                        f"it with {getattr(c, f.name)!r}; every expected value derives from the harness's",
+                        f"{name}: the runtime's config says {mine!r}, but the harness built it with {theirs!r}; "
+                        "every expected value derives from the harness's",
                     )
         want = ragged_values(c) if self.ragged else derive.config_values(c)
         said = {name: getattr(own, name) for name in want}

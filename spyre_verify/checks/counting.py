@@ -149,6 +149,18 @@ class Short:
     bucket: str
     expected: int
     counted: int
+    layers: int = 1  # compiled calls one dispatch makes, one per layer
+
+    def layer(self) -> str:
+        """Which layers' calls no graph served, where the count says: layers run in call order, so
+        with k of L layers' calls counted in every dispatch, layers k+1 to L ran eagerly."""
+        if self.layers < 2 or self.counted * self.layers % self.expected:
+            return ""
+        k = self.counted * self.layers // self.expected
+        eager = f"layer {k + 1}" if k + 1 == self.layers else f"layers {k + 1} to {self.layers}"
+        return (
+            f"; {eager} of {self.layers} ran without a compiled graph (only the first {k} layers' calls were counted)"
+        )
 
 
 @dataclass
@@ -166,6 +178,7 @@ class CallLedger:
 
     counter: CountingBackend
     calls_per_dispatch: Callable[[DispatchEvent], int]
+    layers: int = 1
     expected: Counter[str] = field(default_factory=Counter)
     start: Counter[str] | None = None  # the counter's hits at the first serving dispatch
     first_short: dict[str, Short] = field(default_factory=dict)
@@ -196,7 +209,7 @@ class CallLedger:
             self.expected[kernel] += n
             got = self.counter.hits[kernel] - before
             if got < n and kernel not in self.first_short:
-                self.first_short[kernel] = Short(first.step, str(first.bucket), n, got)
+                self.first_short[kernel] = Short(first.step, str(first.bucket), n, got, self.layers)
 
     def counted(self) -> Counter[str]:
         """Hits per kernel since the first serving dispatch."""

@@ -81,9 +81,9 @@ class DispatchCoverage(Checker):
         bucket = ev.bucket
         self.dispatches += 1
         self.served.add(bucket)
-        if self.lad is not None:
-            self._compare_key(ev)
-        if bucket not in self.warm:
+        want = self._compare_key(ev) if self.lad is not None else None
+        # A wrong label on a batch whose own key is warm is the label's fault: nothing ran cold.
+        if bucket not in self.warm and not (want is not None and want != bucket and want in self.warm):
             batch = describe_batch(ev.batch)
             self.flag(
                 "cold-dispatch",
@@ -104,8 +104,8 @@ class DispatchCoverage(Checker):
             bucket=str(bucket),
         )
 
-    def _compare_key(self, ev: DispatchEvent) -> None:
-        """The dispatched bucket against DESIGN's key for the batch's rows and tkv."""
+    def _compare_key(self, ev: DispatchEvent) -> Bucket | None:
+        """The dispatched bucket against DESIGN's key for the batch's rows and tkv; the key."""
         assert self.lad is not None
         self.keys_compared += 1
         b = ev.batch
@@ -122,15 +122,21 @@ class DispatchCoverage(Checker):
                 f"a decode of {rows} row{'s' * (rows != 1)} writing position {b.tkv} (tkv {b.tkv})",
             )
         if ev.bucket == want:
-            return
+            return want
         batch = describe_batch(b)
+        label = ""
+        if want in self.warm and ev.bucket not in self.warm:
+            # Not called cold: the batch's key is warm, so the label is wrong, or the pick is and then it
+            # compiled, which graph-reuse reports (a serving compile, or the stance refusing it).
+            label = f" (warm; {ev.bucket} is not: nearest warmed: {nearest_warm(ev.bucket, frozenset(self.warm))})"
         self.flag(
             "wrong-key",
-            f"step {ev.step} dispatched {ev.bucket} for {what}, where the oracle's key is {want}; batch: {batch}",
+            f"step {ev.step} dispatched {ev.bucket} for {what}, where the oracle's key is {want}{label}; batch: {batch}",
             kernel=ev.kernel,
             bucket=str(ev.bucket),
             batch=batch,
         )
+        return want
 
     def traffic_problem(self, kind: str, message: str) -> None:
         """Something the run's crowd traffic or its bounded hunt found wrong (an ending, a refusal

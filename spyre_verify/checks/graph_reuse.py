@@ -39,6 +39,7 @@ from spyre_verify.checks.counting import CallLedger, CountingBackend, compare
 from spyre_verify.checks.describe import describe_batch, ordered
 from spyre_verify.checks.graph_truth import limit_findings, mislabel, shortfalls, wrong_graphs
 from spyre_verify.checks.violations import Checker, InvariantViolation
+from spyre_verify.declared import layers_of
 
 STANCE_MARK = "fail_on_recompile"
 CONTRACT = "design_contract"
@@ -97,7 +98,8 @@ class GraphReuse(Checker):
         self._before: tuple[Counter[Bucket], Counter[tuple[Bucket, Bucket]]] | None = None
         # Only DESIGN's runtime has kernels whose graphs the oracle can read and count.
         self.contract = CONTRACT in engine.capabilities
-        self.ledger = CallLedger(self.counter, self._calls_per_dispatch(engine))
+        self.layers = engine.config.model.num_layers if self.contract else layers_of(engine) or 1
+        self.ledger = CallLedger(self.counter, self._calls_per_dispatch(), self.layers)
         self._labelled: set[tuple[str, int]] = set()  # (kernel, compile index) already held to its inputs
         self.unmapped = 0  # compiles whose inputs give no bucket: not judged
         self._short_flagged: set[str] = set()  # kernels already flagged `uncounted-call`
@@ -107,14 +109,15 @@ class GraphReuse(Checker):
             self._judge_limits(engine.config)
         super().attach(engine)
 
-    def _calls_per_dispatch(self, engine: Any) -> Any:
-        """DESIGN's runtime calls a kernel once per layer, the padded per-sequence one once per row
-        too; a ragged dispatch is one call already (attend and chunked alike: no per-row fan-out),
-        so once per layer. Of another runtime only one call per dispatch can be asked."""
+    def _calls_per_dispatch(self) -> Any:
+        """A kernel is called once per layer (a declared contract's `layers`, the bundled model's
+        layers), the padded per-sequence one once per row too; a ragged dispatch is one call already
+        (attend and chunked alike: no per-row fan-out). Another runtime declares its `layers`, else
+        one call a dispatch is asked of it."""
+        layers = self.layers
         if not self.contract:
-            return lambda ev: 1
-        layers = engine.config.model.num_layers
-        return lambda ev: layers * ev.batch.num_seqs if ev.kernel == DECODE else layers
+            return lambda ev: layers
+        return lambda ev: layers * len(ev.batch.request_ids) if ev.kernel == DECODE else layers
 
     def _judge_limits(self, config: Any) -> None:
         self.limits, found = limit_findings(config)

@@ -78,7 +78,9 @@ def shortfalls(ledger: CallLedger, counted: dict[str, int]) -> list[Finding]:
             continue
         short = ledger.first_short.get(kernel)
         first = (
-            f"; first short: {short.bucket} at step {short.step} ({short.counted} of {short.expected})" if short else ""
+            f"; first short: {short.bucket} at step {short.step} ({short.counted} of {short.expected}){short.layer()}"
+            if short
+            else ""
         )
         message = (
             f"{kernel}: serving dispatches imply {expected} calls but the harness's counting backend saw "

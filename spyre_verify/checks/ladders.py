@@ -192,7 +192,7 @@ def _off_chunked(lad: Ladders, b: Bucket, source: str) -> Disagreement | None:
 class LadderAgreement(Checker):
     name = "ladder-agreement"
     needs = frozenset({"design_contract"})
-    judged_by = ("probed_shapes", "warmup_compiles")
+    judged_by: tuple[str, ...] = ("probed_shapes", "warmup_compiles")
 
     def __init__(self, strict: bool = False) -> None:
         super().__init__(strict)
@@ -203,8 +203,14 @@ class LadderAgreement(Checker):
         super().attach(engine)
         # The probe needs no tensors, so it runs before warmup, on the builder serving will use.
         c = engine.config
+        # A declared runtime need not offer the bundled builder's interface: without it, its ladders
+        # are read off what warmup compiles, and each served key is dispatch-coverage's `wrong-key`.
+        builder = getattr(engine, "builder", None)
+        if builder is None:
+            self.judged_by = ("warmup_compiles",)
+            return
         self.probed = probe_count(c)
-        for d in probe_builder(engine.builder, c):
+        for d in probe_builder(builder, c):
             self._flag(d)
 
     def on_compile(self, ev: CompileEvent) -> None:

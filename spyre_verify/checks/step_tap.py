@@ -19,7 +19,7 @@ class StepTap:
     def on_dispatch(self, ev: DispatchEvent) -> None:
         b = ev.batch
         rows = self.calls.setdefault(ev.step, [])
-        rows.extend(zip(b.request_ids, b.query_lens or (1,) * b.num_seqs, b.seq_lens, strict=True))
+        rows.extend(zip(b.request_ids, b.query_lens or (1,) * len(b.request_ids), b.seq_lens, strict=True))
 
     def on_token(self, ev: Any) -> None:
         self.tokens.setdefault(ev.step, []).append(ev.request_id)

@@ -23,6 +23,7 @@ from typing import Any
 
 from runtime.bucketer import BATCHED, DECODE
 from runtime.events import DispatchEvent
+from spyre_verify.checks.describe import describe_batch
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import batch_tkv_limit
 
@@ -70,11 +71,12 @@ class VolumeLimit(Checker):
         if volume > self.limit:
             self.flag(
                 "over-limit",
-                f"step {ev.step}: {ev.bucket} decode of {b.num_seqs} rows {list(b.request_ids)} at tkv={b.tkv} attends "
-                f"{b.num_seqs} * ({b.tkv} + 1) = {volume} positions, above max_batch_tkv_limit={self.limit}",
+                f"step {ev.step}: {ev.bucket} decode of {len(b.request_ids)} rows {list(b.request_ids)} at tkv={b.tkv} "
+                f"attends {len(b.request_ids)} * ({b.tkv} + 1) = {volume} positions, above max_batch_tkv_limit="
+                f"{self.limit}",
                 kernel=ev.kernel,
                 bucket=str(ev.bucket),
-                batch=b.describe(),
+                batch=describe_batch(b),
             )
 
     def finish(self, engine: Any) -> None:

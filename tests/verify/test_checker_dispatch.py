@@ -85,7 +85,7 @@ def test_strict_mode_raises_with_the_violation() -> None:
     assert "decode(4,)" in str(err.value)
 
 
-def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
+def test_builder_own_ladder_dispatches_a_cold_bucket_named_as_a_wrong_key() -> None:
     fault = CATALOG["builder-own-ladder"]
     config, seams = fault.apply(TINY)
     engine = Engine(config, seams)
@@ -94,11 +94,16 @@ def test_builder_own_ladder_dispatches_a_cold_bucket() -> None:
     engine.warmup()
     with fault.active():
         one_block_decode(engine)
-    cold = [v for v in checker.violations if v.kind == "cold-dispatch"]
-    assert [v.bucket for v in cold] == ["decode(1,)"]
-    assert "1 seqs, tkv=2" in cold[0].message
-    assert "kv_blocks: nearest warmed none below, 2 above" in cold[0].message  # the override's only rung
-    assert "None" not in cold[0].message
+    # The batch's own key is warm: the pick is wrong, and its running cold is graph-reuse's to see.
+    assert not [v for v in checker.violations if v.kind == "cold-dispatch"]
+    wrong = [v for v in checker.violations if v.kind == "wrong-key"]
+    assert [v.bucket for v in wrong] == ["decode(1,)"]
+    assert (
+        "1 seqs, tkv=2" in wrong[0].message
+        and "the oracle's key is decode(2,) (warm; decode(1,) is not" in wrong[0].message
+    )
+    assert "kv_blocks: nearest warmed none below, 2 above" in wrong[0].message  # the override's only rung
+    assert "None" not in wrong[0].message
 
 
 def test_clean_run_reaching_every_kv_rung_is_quiet() -> None:

@@ -97,6 +97,9 @@ ALLOWED: dict[str, str] = {
     "cli/ladders.py: b.pruned()": "`spyre-verify ladders` prints the bucketer's pruning with its reasons",
     "cli/ladders.py: b.ladders()": "`spyre-verify ladders` prints the bucketer's ladders",
     "cli/ladders.py: rt.warm_plan()": "`spyre-verify ladders` prints the runtime's warm plan",
+    "declared.py: self._runtime.warm_plan()": "the plain form, translated: the oracle's bucket for each the runtime "
+    "planned, so that preflight calls get the runtime's own tuple back",
+    "declared.py: self.warm_plan()": "as above: a preflight before any warm_plan() call fills the translation first",
     "cli/ladders.py: rt.ladders()": "`spyre-verify ladders` prints the runtime's ladders",
     "runtimes.py: c.total_blocks": "the pool handed to a foreign runtime as an option: input, not an answer",
     "bench/overhead.py: config.total_blocks": "a bench settings field: the pool the benchmarked engine runs with",

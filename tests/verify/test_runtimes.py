@@ -141,7 +141,9 @@ def test_a_runtime_missing_part_of_the_protocol_is_named_and_closed(user_module:
     text = str(e.value)
     assert "does not satisfy the protocol" in text
     assert all(name in text for name in CORE if name not in ("name", "capabilities", "close"))
-    with pytest.raises(RuntimeSpecError, match=r"builder \(for design_contract\)"):
+    with pytest.raises(
+        RuntimeSpecError, match=r"claims design_contract, but its config is a Config, not the harness's"
+    ):
         open_runtime(f"{user_module}:claims_too_much", Settings(block_size=4, max_model_len=16, backend="eager"))
     with pytest.raises(RuntimeSpecError, match="the factory raised ValueError: block_size=3"):
         open_runtime(f"{user_module}:refuses", Settings())

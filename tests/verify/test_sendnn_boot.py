@@ -67,10 +67,16 @@ def test_an_absent_plugin_is_marked_not_installed(monkeypatch: pytest.MonkeyPatc
 def test_a_broken_runtime_is_listed_as_unusable_not_as_not_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Only the mark says 'not installed': a factory whose own import fails is broken (exit 1)."""
+    """Only the mark says 'not installed': a factory whose own import fails is broken. Named, it is
+    refused as every command refuses it (exit 2, one line); listed from pyproject, it is unusable (exit 1)."""
     (tmp_path / "broken_factory.py").write_text("def make(settings):\n    import no_such_module_here\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.spyre-verify.runtimes]\nbroken = "broken_factory:make"\n')
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     code = main(["runtimes", "--runtime", "broken_factory:make"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no_such_module_here" in err and "not installed" not in err
+    code = main(["runtimes"])
     line = next(x for x in capsys.readouterr().out.splitlines() if "no_such_module_here" in x)
     assert code == 1 and line.strip().startswith("unusable:")
 
