@@ -150,8 +150,10 @@ def fault_row(
     A plain function of picklable arguments, so a worker process can run it."""
     t0 = time.perf_counter()
     result = run_fault(config, name, workload, runtime=runtime, stop_at=expected)
+    # The config judged: a declared contract's, completed by its declaration (`verify`'s result).
+    judged = result.config if isinstance(result.config, RuntimeConfig) else config
     return replace(
-        kill_row(name, result, expected), seconds=time.perf_counter() - t0, config=run_config(config, runtime)
+        kill_row(name, result, expected), seconds=time.perf_counter() - t0, config=run_config(judged, runtime)
     )
 
 

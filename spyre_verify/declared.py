@@ -178,8 +178,12 @@ class Declared:
     config built from the declaration, `capabilities` gain `design_contract`, and every bucket
     it hands over is the oracle's. Everything else passes through."""
 
+    # The builder probe needs the bundled builder's interface: a runtime's own builder is its own.
+    builder = None
+
     def __init__(self, runtime: Any, config: Any) -> None:
         self._runtime, self.config = runtime, config
+        self.reported_config = runtime.config  # the runtime's own, as its reports show it
         self.capabilities = frozenset(runtime.capabilities) | {"design_contract"}
         self.declared_fields = tuple(runtime.contract)
         self._own: dict[Any, Any] = {}  # the oracle's bucket -> the runtime's own, for calls back

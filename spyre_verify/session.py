@@ -154,6 +154,13 @@ class RunResult:
         return not self.violations and self.error is None and not self.not_observed
 
 
+def reported(engine: Any) -> dict[str, Any]:
+    """Another runtime's config as it reports it, and the contract it declares, if it does."""
+    out = own_config(getattr(engine, "reported_config", engine.config))
+    declared = getattr(engine, "contract", None)
+    return {**out, "contract": dict(declared)} if declared is not None else out
+
+
 def own_config(config: Any) -> dict[str, Any]:
     """Another runtime's config as it reports it (its pool, its layout), beside the one the harness built."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
@@ -277,7 +284,7 @@ def verify(
     try:
         result.runtime = engine.name
         result.rules = dict(getattr(engine, "rules", {}) or {})
-        result.runtime_config = None if runtime == BUNDLED_FACTORY else own_config(engine.config)
+        result.runtime_config = None if runtime == BUNDLED_FACTORY else reported(engine)
         # A declared contract: the harness's config, completed by the declaration, is the one judged.
         result.config = config = expected_config(config, engine)
         contract = "design_contract" in engine.capabilities

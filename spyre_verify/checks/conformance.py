@@ -268,7 +268,7 @@ class ContractConformance(Checker):
         # Resynchronise before flagging: a strict checker raises out of flag().
         self.resync(ev)
         if first:
-            kind = "stall" if rule == "stall" else "divergence"
+            kind = {"stall": "stall", "batched": "batched-rule", "leak": "leaked-blocks"}.get(rule, "divergence")
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
 
     def seen(self, ev: StateEvent) -> dict[str, Any]:

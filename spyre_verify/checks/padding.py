@@ -144,10 +144,20 @@ class PaddingValidity(Checker):
     # -- block tables ------------------------------------------------------------------
     def on_block_table(self, ev: BlockTableEvent) -> None:
         self.tables_checked += 1
-        for due in self._due:  # the first of the step's dispatches that this table answers
-            if not due[3] and due[0] == ev.step and due[1] == ev.kernel and due[2] == ev.bucket:
-                due[3] = True
-                break
+        open_ = [d for d in self._due if not d[3] and d[0] == ev.step and d[1] == ev.kernel]
+        # The first of the step's dispatches that this table answers: by its bucket, else (a label
+        # that differs between the two events) the first of its kernel, named as the label problem it is.
+        due = next((d for d in open_ if d[2] == ev.bucket), open_[0] if open_ else None)
+        if due is not None:
+            due[3] = True
+            if due[2] != ev.bucket:
+                self.flag(
+                    "label-mismatch",
+                    f"step {ev.step} dispatched {due[2]} ({ev.kernel}), but its block_table event says {ev.bucket}: "
+                    "the two events label one call differently",
+                    kernel=ev.kernel,
+                    bucket=str(due[2]),
+                )
         if not self.by_lengths and is_ragged(ev.bucket):
             self._report(ev, self.ragged.table(ev))
             return

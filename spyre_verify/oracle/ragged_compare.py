@@ -11,7 +11,9 @@ free slot, nothing prefilling, its reservation fits), "stall" (the engine idles 
 has work), "budget" (the chunk is q = min(p - c, T - d)), "decode" (every running row decodes one
 token), "dispatch" (decodes first, then the chunk), "order" (a completed prompt joins the end of
 running), "rows" (which requests run), "prefill", "tokens" (who got a token), "finish",
-"blocks" (ceil(n / bs) real blocks), "reservation", "abort".
+"blocks" (ceil(n / bs) real blocks), "reservation", "abort", "leak" (fewer free blocks than the contract
+after a finish or an abort: an ending kept blocks), "batched" (the decodes in one chunked call
+from the batched threshold up, else one attend call a row).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class RaggedJudge:
     prefill: Any  # Prefilling | None
     waiting: Sequence[Any]  # Pending, arrival order
     last: Any  # RaggedStep
+    batched_from: int | None  # the fewest decoding rows the batched kernel takes; None: batched decode off
 
     def diff(self, *state: Any, **seen: Any) -> list[tuple[str, str]]:
         """How an engine's state after `last` differs from the model's; empty when it conforms."""
@@ -55,6 +58,7 @@ class RaggedJudge:
         prefill: PrefillState | None = None,
         calls: Sequence[Call] | None = None,
         tokens: Sequence[str] | None = None,
+        kernels: Sequence[tuple[str, int]] | None = None,
     ) -> list[tuple[str, str]]:
         """Rule by rule, the likeliest cause first; `calls` and `tokens` are judged when given."""
         s, out = self.last, []
@@ -77,7 +81,10 @@ class RaggedJudge:
         elif kind != s.kind and kind == "idle":
             out.append(("stall", f"engine idles, contract runs a {s.kind} step"))
         if calls is not None:
-            out += self._calls(list(calls))
+            wrong_calls = self._calls(list(calls))
+            out += wrong_calls
+            if kernels is not None and not wrong_calls:  # the right rows: in the right kernel calls?
+                out += self._batched(list(kernels))
         mine = [r.request_id for r in self.rows]
         got = [e.request_id for e in rows]
         if got != mine:
@@ -128,6 +135,8 @@ class RaggedJudge:
             )
         if free_blocks is not None and free_blocks != self.U - self.reserved:
             rule = "abort" if s.kind == "abort" else "finish" if s.finished else "reservation"
+            if free_blocks < self.U - self.reserved and s.finished:  # blocks an ending did not give back
+                rule = "leak"
             held = sorted(b for rid in s.finished for b in seen_blocks.get(rid, ()))
             ended = f" after {list(s.finished)} ended" if s.finished else ""
             ended += f", which held {' and '.join(f'block {b}' for b in held)}" if held else ""
@@ -213,6 +222,29 @@ class RaggedJudge:
         elif not out:
             out.append(("decode", f"calls (request, query tokens, seq_len): engine {calls}, contract {want}"))
         return out
+
+    def _batched(self, kernels: list[tuple[str, int]]) -> list[tuple[str, str]]:
+        """The decodes' calls against the batched rule: one chunked call of every decoding row when
+        batched decode is on and at least `batched_from` rows decode, else one attend call a row."""
+        s = self.last
+        d = len(s.decodes)
+        decoding = kernels[: len(kernels) - (s.chunk is not None)]
+        batched = self.batched_from is not None and d >= self.batched_from
+        want = [("chunked", d)] if batched and d else [("attend", 1)] * d
+        if decoding == want:
+            return []
+        rule = (
+            f"batched decode from {self.batched_from} rows"
+            if self.batched_from is not None
+            else "batched decode off: one call a row"
+        )
+        got = ", ".join(f"{k}({n} row{'s' * (n != 1)})" for k, n in decoding) or "none"
+        return [
+            (
+                "batched",
+                f"{d} rows decode in calls {got}; the contract's ({rule}): {', '.join(f'{k}({n})' for k, n in want)}",
+            )
+        ]
 
 
 def describe_ragged(ev: Any) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from runtime.config import RuntimeConfig
 from runtime.events import PrefillState, RowState
-from spyre_verify.oracle.derive import ceil_div, pool_blocks, usable_blocks
+from spyre_verify.oracle.derive import ceil_div, ladders, pool_blocks, usable_blocks
 from spyre_verify.oracle.model import RECENT, Pending
 from spyre_verify.oracle.ragged_compare import RaggedJudge
 
@@ -79,6 +79,8 @@ class RaggedModel(RaggedJudge):
         # runtime's arithmetic must show as a divergence, not move the model along with it.
         values = ragged_values(config)
         self.U, self.T = values["usable_blocks"], values["token_budget"]
+        lad = ladders(config)
+        self.batched_from = lad.min_batched if lad.batched else None
         self.tkv = 0  # the ragged layout has none; kept for the checker's shared reading
         self.rows: list[RaggedRow] = []
         self.prefill: Prefilling | None = None

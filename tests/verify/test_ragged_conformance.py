@@ -237,7 +237,7 @@ FAULTS: list[tuple[Any, str]] = [
         "divergence: step 5: rule 'order': the completed prompt req-2 did not join the end of running: "
         "engine ['req-2', 'req-1'], contract ['req-1', 'req-2']",
     ),
-    (abort_keeps_reservation, "divergence: step 3: rule 'abort': free blocks: engine"),
+    (abort_keeps_reservation, "leaked-blocks: step 3: rule 'leak': free blocks: engine"),
 ]
 
 
