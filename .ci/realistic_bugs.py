@@ -302,7 +302,7 @@ BUGS: list[Bug] = [
     bug(
         "prune-seqs-floor-zero",
         "runtime/bucketer.py",
-        "            low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)\n",
+        "            low = ladders.rung_below(self.num_seqs, n, self.config.batched_from - 1)\n",
         "            low = ladders.rung_below(self.num_seqs, n)\n",
         "the lowest seqs rung's members start at 1, so batched needs_gather buckets of rung 2 are warmed",
         BOUND,
@@ -488,6 +488,37 @@ BUGS: list[Bug] = [
         "count: prefill alone has 4 warm graphs, past the limit Dynamo runs eagerly",
         WORD,
         expect="recompile-limit-too-low",
+    ),
+    bug(
+        "add-drops-stop-tokens",
+        "runtime/engine.py",
+        "        rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id, stop_token_ids, ignore_eos)\n",
+        "        rid = self.scheduler.add(prompt_token_ids, max_tokens, request_id, (), ignore_eos)\n",
+        "add_request drops the client's stop tokens: the request runs, and its request event says what it "
+        "runs, so a check that judged the runtime's echo of the request would judge it by the wrong rules",
+        WORD,
+        expect="request-echo",
+    ),
+    bug(
+        "finish-record-one-token-short",
+        "runtime/engine.py",
+        "            self.finished[r.request_id] = ev.Finished(r.request_id, tuple(r.output), r.finish_reason)\n",
+        "            self.finished[r.request_id] = ev.Finished(r.request_id, tuple(r.output[:-1]), r.finish_reason)\n",
+        "what users read of a finished request (its finished record) is one token short of the tokens the "
+        "token events carried and the reference judged",
+        WORD,
+        expect="delivery-mismatch",
+    ),
+    bug(
+        "ragged-decodes-batched-only-beside-a-chunk",
+        "runtime/ragged_metadata.py",
+        "        if self.bucketer.uses_batched(len(decodes)):\n",
+        "        if self.bucketer.uses_batched(len(decodes)) and chunk is not None:\n",
+        "the ragged builder batches decodes only in a mixed step: a decode-only step of 4 or more rows makes "
+        "one per-sequence call a row, whose keys are warm, where the contract makes one batched call",
+        META,
+        check_args=("--layout", "ragged", "--max-num-seqs", "5"),
+        expect="batched-rule",
     ),
     bug(
         "one-token-prompt-refused",

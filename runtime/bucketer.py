@@ -74,7 +74,7 @@ class SpyreAttnBucketer:
         bs, L = config.block_size, config.max_model_len
         self.kernels = RAGGED_KERNELS if config.ragged else PADDED_KERNELS
         self.kv_blocks = ladders.kv_blocks_ladder(bs, L, config.kv_buckets)
-        self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.min_batched_seqs)
+        self.num_seqs = ladders.num_seqs_ladder(config.max_num_seqs, config.batched_from)
         self.prefill_tokens = ladders.prefill_ladder(bs, L)
         if config.ragged:
             # DESIGN: the ragged num-seqs ladder is empty when batched decode is off; there is no
@@ -119,7 +119,7 @@ class SpyreAttnBucketer:
         return self._remember((CHUNKED, seqs, blocks), b)
 
     def uses_batched(self, seqs: int) -> bool:
-        return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.min_batched_seqs
+        return self.config.batched_decode and bool(self.num_seqs) and seqs >= self.config.batched_from
 
     def decode_bucket(self, seqs: int, blocks: int) -> Bucket:
         """The bucket a decode of `seqs` real rows needing `blocks` entries dispatches to."""
@@ -151,7 +151,7 @@ class SpyreAttnBucketer:
         for kv in self.kv_blocks:
             out[Bucket(DECODE, DecodeKey(kv))] = self._why_not_decode(self._per_seq_range(), self.kv_members(kv))
         for n in self.num_seqs:
-            low = ladders.rung_below(self.num_seqs, n, self.config.min_batched_seqs - 1)
+            low = ladders.rung_below(self.num_seqs, n, self.config.batched_from - 1)
             for kv, needs_gather, store_out in itertools.product(self.kv_blocks, (False, True), (False, True)):
                 b = Bucket(BATCHED, BatchedKey(n, kv, needs_gather, store_out))
                 out[b] = self._why_not_batched(low, n, kv, needs_gather, store_out)
@@ -178,7 +178,7 @@ class SpyreAttnBucketer:
 
     def _per_seq_range(self) -> range:
         batched = self.config.batched_decode and bool(self.num_seqs)
-        return range(1, (self.config.min_batched_seqs if batched else self.config.max_num_seqs + 1))
+        return range(1, (self.config.batched_from if batched else self.config.max_num_seqs + 1))
 
     def _why_not_decode(self, seqs: range, blocks: range) -> str | None:
         lim = self.limits

@@ -75,7 +75,9 @@ class RuntimeConfig:
     num_blocks: int | None = None
     kv_buckets: tuple[int, ...] | None = None
     batched_decode: bool = True
-    min_batched_seqs: int = 2
+    # The fewest rows the batched decode kernel takes; None: the layout's, 2 padded and 4 ragged (the
+    # real bucketer's _MIN_BATCHED_SEQS, whose plans the ragged layout follows).
+    min_batched_seqs: int | None = None
     # The most positions one decode step may attend, s * (tkv + 1); None: max_model_len * max_num_seqs.
     max_batch_tkv_limit: int | None = None
     # DESIGN "The ragged layout": every sequence keeps its own length, prompts are prefilled in
@@ -114,6 +116,13 @@ class RuntimeConfig:
     @property
     def usable_blocks(self) -> int:
         return self.total_blocks - 1
+
+    @property
+    def batched_from(self) -> int:
+        """The fewest rows the batched decode kernel takes, and the num-seqs ladder's bottom rung."""
+        if self.min_batched_seqs is not None:
+            return self.min_batched_seqs
+        return 4 if self.layout == "ragged" else 2
 
     @property
     def batch_tkv_limit(self) -> int:
@@ -203,6 +212,7 @@ MODEL_DIMS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "mlp_size"
 # Fields whose None means "unset" (the default): their rules judge only a value.
 OPTIONAL = (
     "num_blocks",
+    "min_batched_seqs",
     "kv_buckets",
     "recompile_limit",
     "max_batch_tkv_limit",

@@ -95,7 +95,7 @@ def _no_decode(lim: RaggedLimits, blocks: range, q: int) -> str:
 
 
 def _why_not_batched(b: SpyreAttnBucketer, lim: RaggedLimits, n: int, kv: int) -> str | None:
-    low = ladders.rung_below(b.num_seqs, n, b.config.min_batched_seqs - 1)
+    low = ladders.rung_below(b.num_seqs, n, b.config.batched_from - 1)
     seqs, blocks = range(low + 1, n + 1), b.kv_members(kv)
     need = decode_span_pool(lim, seqs, blocks)
     if need is not None and need <= lim.usable_blocks:

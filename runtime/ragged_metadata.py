@@ -67,7 +67,6 @@ class RaggedBuilder:
     def __init__(self, bucketer: SpyreAttnBucketer) -> None:
         self.bucketer = bucketer
         self.block_size = bucketer.config.block_size
-        self.batched = bool(bucketer.num_seqs)
 
     def blocks_for(self, end: int) -> int:
         """Entries a call needs whose last query sits at position end - 1."""
@@ -86,7 +85,7 @@ class RaggedBuilder:
     def build_step(self, decodes: list[RaggedSeq], chunk: RaggedSeq | None) -> tuple[Call, ...]:
         """Every call of one step, in dispatch order: the decodes, then the chunk."""
         calls: list[Call] = []
-        if self.batched and len(decodes) >= 2:
+        if self.bucketer.uses_batched(len(decodes)):
             calls.append(self.build_chunked(decodes))
         else:
             calls += [self.build_attend(s) for s in decodes]

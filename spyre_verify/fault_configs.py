@@ -8,6 +8,7 @@ from __future__ import annotations
 from runtime.bucketer import ATTEND, BATCHED, CHUNKED, DECODE, PREFILL, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.warmup import Seams
+from spyre_verify.oracle.derive import ladders
 
 
 def sparse_override(c: RuntimeConfig) -> RuntimeConfig:
@@ -76,6 +77,10 @@ def binding_limit(c: RuntimeConfig) -> RuntimeConfig:
 
 def without_batched(c: RuntimeConfig) -> str | None:
     """Why a fault of the batched kernel is inert on `c`: no batched decode ever runs."""
-    if not c.batched_decode or c.max_num_seqs < 2:
-        return "no batched decode runs on this config (SPYRE_BATCHED_DECODE=0 or max_num_seqs 1)"
+    lad = ladders(c)
+    if not lad.batched:
+        return (
+            f"no batched decode runs on this config (SPYRE_BATCHED_DECODE=0, or max_num_seqs below the "
+            f"{c.layout} layout's batched threshold of {lad.min_batched})"
+        )
     return None

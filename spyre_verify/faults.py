@@ -50,7 +50,13 @@ from spyre_verify.fault_configs import (
 
 # dropped_bucket: the bucket over-pruned-warmup drops, which the tests name.
 from spyre_verify.fault_configs import dropped_bucket as dropped_bucket
-from spyre_verify.ragged_faults import own_query_ladder, query_override, wide_step_queries
+from spyre_verify.ragged_faults import (
+    batched_below_four,
+    batches_from_two,
+    own_query_ladder,
+    query_override,
+    wide_step_queries,
+)
 from spyre_verify.ragged_faults_kv import chunk_offset_ignored
 
 
@@ -310,6 +316,14 @@ CATALOG: dict[str, Fault] = {
             configure=query_override,
             patch=own_query_ladder,
             layouts=("ragged",),
+        ),
+        Fault(
+            "builder-batches-from-two",
+            "dispatch-coverage",
+            "the builder batches decodes from 2 rows while the bucketer, like the real one, batches from 4",
+            patch=batches_from_two,
+            layouts=("ragged",),
+            inert=batched_below_four,
         ),
         Fault(
             "chunk-offset-ignored",

@@ -13,6 +13,11 @@ returning a context manager that holds the bug while entered. `faults.py` regist
   `query_override` makes it observable: with query_buckets (2, 4, 8) and T = 8 a chunk of 3
   dispatches query rung 8 where the oracle's is 4. dispatch-coverage (`wrong-key`) and
   ladder-agreement (`ladder-divergence` on query_tokens) flag it.
+- `batches_from_two` (`builder-batches-from-two`): `build_step` batches the decodes from 2 rows,
+  the threshold the builder had before the bucketer moved to the real one's 4: 2 and 3 decoding
+  rows run in one chunked call the contract gives them one attend call each for.
+  dispatch-coverage flags it (`batched-rule`), whether or not the key was warmed; the other way
+  round (a row per call where one batched call is due) is contract-conformance's `batched-rule`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from unittest import mock
 from runtime.bucketer import ATTEND, AttendKey, Bucket
 from runtime.config import RuntimeConfig
 from runtime.ragged_metadata import AttendMetadata, Call, RaggedBuilder, RaggedSeq
+from spyre_verify.oracle.derive import ladders
 
 
 @contextlib.contextmanager
@@ -79,3 +85,27 @@ def query_override(c: RuntimeConfig) -> RuntimeConfig:
         rungs.append(r)
         r *= 2
     return c.with_(query_buckets=(*rungs, T))
+
+
+@contextlib.contextmanager
+def batches_from_two() -> Iterator[None]:
+    """`RaggedBuilder.build_step` with its own threshold of 2 rows, beside the bucketer's 4."""
+    original = RaggedBuilder.build_step
+
+    def build_step(self: RaggedBuilder, decodes: list[RaggedSeq], chunk: RaggedSeq | None) -> tuple[Call, ...]:
+        if not 2 <= len(decodes) < self.bucketer.config.batched_from or not self.bucketer.num_seqs:  # the bug's gate
+            return original(self, decodes, chunk)
+        return (self.build_chunked(decodes), *((self.build_attend(chunk),) if chunk is not None else ()))
+
+    with mock.patch.object(RaggedBuilder, "build_step", build_step):
+        yield
+
+
+def batched_below_four(c: RuntimeConfig) -> str | None:
+    """Why the builder's threshold of 2 breaks nothing on `c`, or None."""
+    lad = ladders(c)
+    if lad.min_batched <= 2:
+        return "the bucketer batches from 2 rows already"
+    if not lad.batched:
+        return "no batched kernel: batched decode is off, or max_num_seqs is below its threshold"
+    return None

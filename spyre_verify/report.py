@@ -72,7 +72,7 @@ def config_payload(c: RuntimeConfig) -> dict[str, Any]:
     d["kv_buckets"] = list(c.kv_buckets) if c.kv_buckets else None
     d["query_buckets"] = list(c.query_buckets) if c.query_buckets else None
     resolved = {"max_num_batched_tokens": c.token_budget, "batched_decode_entries": c.decode_entries}
-    d["resolved"] = resolved if c.ragged else None
+    d["resolved"] = {**resolved, "min_batched_seqs": c.batched_from} if c.ragged else None
     d["total_blocks"], d["env_overrides"] = c.total_blocks, c.env_overrides()
     return d
 

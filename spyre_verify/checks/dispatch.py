@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.bucketer import PREFILL, Bucket
+from runtime.bucketer import CHUNKED, PREFILL, Bucket
 from runtime.events import SERVING, CompileEvent, DispatchEvent
 from spyre_verify.checks.describe import describe_batch, key_fields, ordered
-from spyre_verify.checks.ragged_calls import call_key, describe_call
+from spyre_verify.checks.ragged_calls import batched_rule, batches, call_key, describe_call
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
 from spyre_verify.oracle.walk import reachable
@@ -112,6 +112,16 @@ class DispatchCoverage(Checker):
         rows = len(b.request_ids)
         want: Bucket | None
         if self.lad.ragged:
+            if ev.kernel == CHUNKED and not batches(self.lad, rows):
+                self.flag(
+                    "batched-rule",
+                    f"step {ev.step} dispatched {ev.bucket}, a batched call of {rows} rows; "
+                    f"{batched_rule(self.lad, rows)}; batch: {describe_batch(b)}",
+                    kernel=ev.kernel,
+                    bucket=str(ev.bucket),
+                    batch=describe_batch(b),
+                )
+                return None
             want = call_key(self.lad, ev.kernel, b.seq_lens, b.query_lens)
             what = describe_call(ev.kernel, b.seq_lens, b.query_lens)
         elif ev.kernel == PREFILL:

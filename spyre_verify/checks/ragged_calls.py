@@ -23,9 +23,22 @@ def call_key(lad: Ladders, kernel: str, seq_lens: Sequence[int], query_lens: Seq
     blocks = ceil_div(max(seq_lens), lad.block_size)
     if kernel == ATTEND:
         return attend_key(lad, blocks, query_lens[0]) if len(seq_lens) == 1 else None
-    if kernel == CHUNKED:
-        return chunked_key(lad, len(seq_lens), blocks)
+    if kernel == CHUNKED:  # only from the batched threshold up (DESIGN: batched from 4 rows)
+        return chunked_key(lad, len(seq_lens), blocks) if batches(lad, len(seq_lens)) else None
     return None
+
+
+def batches(lad: Ladders, rows: int) -> bool:
+    """Whether the contract runs `rows` decoding rows in one batched call."""
+    return lad.batched and rows >= lad.min_batched
+
+
+def batched_rule(lad: Ladders, rows: int) -> str:
+    """The batched rule in words, for `rows` decoding rows."""
+    if not lad.batched:
+        return "batched decode is off: every row decodes in its own attend call"
+    call = "one chunked call" if rows >= lad.min_batched else "one attend call a row"
+    return f"the contract batches decodes from {lad.min_batched} rows, so {rows} decoding rows run in {call}"
 
 
 def describe_call(kernel: str, seq_lens: Sequence[int], query_lens: Sequence[int]) -> str:

@@ -65,11 +65,12 @@ def ladders(c: RuntimeConfig) -> Ladders:
     """Every ladder DESIGN derives from a config (its env overrides already parsed into it)."""
     bs, top = c.block_size, ceil_div(c.max_model_len, c.block_size)
     kv = tuple(sorted(b // bs for b in c.kv_buckets)) if c.kv_buckets else doubling(1, top)
-    # DESIGN: "powers of two from the minimum batched size (2) up to max_num_seqs".
-    low = c.min_batched_seqs
+    # DESIGN: "powers of two from the minimum batched size (2) up to max_num_seqs"; ragged, "from 4
+    # (the real bucketer's minimum batched decode)".
+    low = c.min_batched_seqs if c.min_batched_seqs is not None else (4 if is_ragged(c) else 2)
     seqs = doubling(low, c.max_num_seqs) if c.batched_decode else ()
     if is_ragged(c):
-        # DESIGN: the num-seqs ladder as for padded (empty when batched decode is off or S < 2),
+        # DESIGN: the num-seqs ladder from 4 (empty when batched decode is off or S < 4),
         # a query ladder, and no whole-prompt prefill.
         q, e = query_ladder(token_budget(c), c.query_buckets), decode_entries(c)
         return Ladders(bs, kv, seqs, (), c.batched_decode and bool(seqs), low, True, q, e)

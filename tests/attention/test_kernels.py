@@ -132,7 +132,7 @@ def batched_cases() -> list[tuple[int, int, int]]:
     """(num_seqs rung, real rows, kv rung) for both dispatched flag pairs on every rung."""
     cases = []
     for n in BUCKETER.num_seqs:
-        low = ladders.rung_below(BUCKETER.num_seqs, n, CONFIG.min_batched_seqs - 1)
+        low = ladders.rung_below(BUCKETER.num_seqs, n, CONFIG.batched_from - 1)
         for kv in BUCKETER.kv_blocks:
             cases.append((n, n, kv))  # every row real: store_out
             cases += [(n, s, kv) for s in range(low + 1, n)]  # padded rows: needs_gather

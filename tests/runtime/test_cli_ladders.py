@@ -147,7 +147,7 @@ def test_production_sizes_are_judged_exact_by_the_closed_form(capsys: pytest.Cap
     payload = run_json(capsys, [*argv, *(["--max-num-batched-tokens", "2048"] if layout == "ragged" else []), "--json"])
     exact = payload["exactness"]
     assert isinstance(exact, dict) and exact["exact"] is True and exact["method"] == "exact (closed form)"
-    assert exact["reachable"] == exact["warm"] == sum(payload["counts"].values()) > 90  # type: ignore[union-attr]
+    assert exact["reachable"] == exact["warm"] == sum(payload["counts"].values()) > 80  # type: ignore[union-attr]
 
 
 def test_a_warm_set_missing_a_reachable_bucket_exits_1_naming_it(

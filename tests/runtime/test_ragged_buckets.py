@@ -12,7 +12,8 @@ from runtime.config import RuntimeConfig
 
 
 def bucketer(**kwargs: Any) -> SpyreAttnBucketer:
-    return SpyreAttnBucketer(RuntimeConfig(layout="ragged", backend="eager", **kwargs))
+    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel.
+    return SpyreAttnBucketer(RuntimeConfig(**{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, **kwargs}))
 
 
 def attend(kv: int, q: int) -> Bucket:

@@ -11,19 +11,27 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_readme_mixed_step_is_the_runtimes() -> None:
-    sim = Sim(RuntimeConfig(layout="ragged", block_size=4, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=8))
-    sim.add_request([1] * 6, 30, "A")
-    sim.step()
-    sim.add_request([1] * 4, 30, "B")
-    sim.step()
-    sim.step()
-    sim.add_request([1] * 20, 5, "C")
-    sim.step()  # C's first chunk
+    sim = Sim(RuntimeConfig(layout="ragged", block_size=4, max_model_len=64, max_num_seqs=5, max_num_batched_tokens=8))
+    for rid, prompt in (("A", 6), ("B", 4), ("C", 3), ("D", 2)):
+        sim.add_request([1] * prompt, 30, rid)
+        sim.step()
+    sim.add_request([1] * 20, 5, "E")
+    sim.step()  # E's first chunk
     plan = sim.step()  # the README's step
     assert plan.kind == "mixed"
-    assert [(d.request_id, d.start) for d in plan.decodes] == [("A", 9), ("B", 6)]
-    assert plan.chunk is not None and (plan.chunk.start, plan.chunk.query_len) == (6, 6)
-    assert [str(b) for b in plan.buckets] == ["chunked(2, 4, 1)", "attend(4, 8)"]
+    assert [(d.request_id, d.start) for d in plan.decodes] == [("A", 10), ("B", 7), ("C", 5), ("D", 3)]
+    assert plan.chunk is not None and (plan.chunk.start, plan.chunk.query_len) == (4, 4)
+    assert [str(b) for b in plan.buckets] == ["chunked(4, 4, 1)", "attend(2, 8)"]
     text = README.read_text()
-    for cell in ("`chunked(2, 4, 1)`", "`attend(4, 8)`", "position 9", "position 6", "positions 6..11"):
+    for cell in ("`chunked(4, 4, 1)`", "`attend(2, 8)`", "position 10", "position 3", "positions 4..7"):
         assert cell in text, cell
+
+
+def test_below_four_rows_each_decodes_alone() -> None:
+    """DESIGN: the ragged layout batches from 4 rows, as the real bucketer does."""
+    sim = Sim(RuntimeConfig(layout="ragged", block_size=4, max_model_len=64, max_num_seqs=5, max_num_batched_tokens=8))
+    for rid in "ABC":
+        sim.add_request([1] * 3, 30, rid)
+        sim.step()
+    plan = sim.step()
+    assert [str(b) for b in plan.buckets] == ["attend(2, 1)", "attend(2, 1)", "attend(1, 1)"]  # n = 5, 4, 3

@@ -24,7 +24,8 @@ from spyre_verify.workload import Abort, Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:
-    return RuntimeConfig(**{"layout": "ragged", "backend": "eager", **kw})
+    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel.
+    return RuntimeConfig(**{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, **kw})
 
 
 def attend(kv: int, q: int) -> Bucket:

@@ -3,11 +3,13 @@ caught by the checker it names, on both layouts.
 
 The whole catalog runs once per layout for this module with the `eager` backend (the checkers
 observe Dynamo's guards and the recording backend's graphs, the same for every backend), on small
-configs that still seed and catch every fault: block_size 2, max_model_len 8, two sequences (ten
-graphs padded; eight ragged, where prompts split under a budget of 4). A fault run is mostly its
-warmup, so the graph count is the cost: the default config's fifteen and twelve cost twice this.
-Smaller loses faults: max_model_len 6 lets recompile-limit-from-kv-ladder through, block_size 4
-builder-own-ladder. The default config's own kill table runs in the gate's `check` env."""
+configs that still seed and catch every fault: block_size 2; padded, max_model_len 8 and two
+sequences (ten graphs); ragged, max_model_len 12 and four sequences under a budget of 4 (the
+ragged layout batches from 4 rows: fewer leave its batched faults unseeded, and at length 8 the
+one chunked key spans the staging buffer, so fresh-tensor-recorder changes no stride). A fault run
+is mostly its warmup, so the graph count is the cost. Smaller loses faults: max_model_len 6 lets
+recompile-limit-from-kv-ladder through, block_size 4 builder-own-ladder. The default config's own
+kill table runs in the gate's `check` env."""
 
 from __future__ import annotations
 
@@ -37,16 +39,24 @@ ENV_VARS = (
 WHERE = re.compile(r"\b(decode|batched|prefill|attend|chunked)\(\d[^)]*\)|\bblock \d+")
 SIZES = {"block_size": 2, "max_model_len": 8, "max_num_seqs": 2}
 # Padded: a volume limit under L * S = 16, so that volume-unchecked has a limit to go over.
-LAYOUT = {"padded": {"max_batch_tkv_limit": 12}, "ragged": {"layout": "ragged", "max_num_batched_tokens": 4}}
+LAYOUT = {
+    "padded": {"max_batch_tkv_limit": 12},
+    "ragged": {"max_model_len": 12, "max_num_seqs": 4, "layout": "ragged", "max_num_batched_tokens": 4},
+}
+POOL = {"padded": 9, "ragged": 25}  # S * ceil(L / bs) + 1
+
+
+def sizes(layout: str) -> dict[str, Any]:
+    return {**SIZES, **LAYOUT[layout]}
 
 
 def flags(layout: str) -> list[str]:
-    return [f"--{k.replace('_', '-')}={v}" for k, v in {**SIZES, **LAYOUT[layout]}.items()]
+    return [f"--{k.replace('_', '-')}={v}" for k, v in sizes(layout).items()]
 
 
 def seeded(layout: str) -> dict[str, str]:
     """The faults `controls` seeds on the layout's config: every fault that can show there."""
-    return catalog_for(RuntimeConfig(**SIZES, **LAYOUT[layout]))
+    return catalog_for(RuntimeConfig(**sizes(layout)))
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUT))
@@ -98,8 +108,8 @@ def test_first_violation_comes_from_the_expected_checker_and_names_where(
 def test_every_row_names_the_config_its_fault_ran_on(kill_table: tuple[int, dict[str, Any], str, str]) -> None:
     # Issue 38: the rows did not say which config each ran on. A ragged one names its step budget.
     _, table, _, layout = kill_table
-    ragged = {"max_num_batched_tokens": 4} if layout == "ragged" else {}
-    want = {**SIZES, "num_blocks": 9, "layout": layout, **ragged, "backend": "eager"}
+    own = {k: v for k, v in sizes(layout).items() if k != "max_batch_tkv_limit"}
+    want = {**own, "num_blocks": POOL[layout], "layout": layout, "backend": "eager"}
     assert [r["config"] for r in table["faults"]] == [want] * len(table["faults"])
 
 

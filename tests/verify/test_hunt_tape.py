@@ -184,4 +184,5 @@ def test_every_observable_control_is_found_and_shrunk_to_a_short_case(fault: str
         if f["events"] is not None:
             assert len(f["events"]) <= 8, f["events"]
         if f["config"] is not None:
-            assert f["config"]["max_model_len"] <= 16 and f["config"]["max_num_seqs"] <= 4, f["config"]
+            # 5 rows at most: the ragged layout batches from 4 decoding rows, as the real bucketer does.
+            assert f["config"]["max_model_len"] <= 16 and f["config"]["max_num_seqs"] <= 5, f["config"]

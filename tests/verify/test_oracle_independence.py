@@ -97,6 +97,8 @@ ALLOWED: dict[str, str] = {
     "cli/ladders.py: b.pruned()": "`spyre-verify ladders` prints the bucketer's pruning with its reasons",
     "cli/ladders.py: b.ladders()": "`spyre-verify ladders` prints the bucketer's ladders",
     "cli/ladders.py: rt.warm_plan()": "`spyre-verify ladders` prints the runtime's warm plan",
+    "ragged_faults.py: self.bucketer.num_seqs": "a seeded bug is runtime code: the patched builder asks its own "
+    "bucketer whether a batched kernel exists, as the real builder does",
     "declared.py: self._runtime.warm_plan()": "the plain form, translated: the oracle's bucket for each the runtime "
     "planned, so that preflight calls get the runtime's own tuple back",
     "declared.py: self.warm_plan()": "as above: a preflight before any warm_plan() call fills the translation first",

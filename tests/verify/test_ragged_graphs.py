@@ -25,6 +25,7 @@ SMALL = RuntimeConfig(
     max_num_seqs=3,
     max_num_batched_tokens=8,
     batched_decode_entries=2,  # chunked keys of 2 and 4 chunks
+    min_batched_seqs=2,  # the batched kernel at 2 and 3 rows: the threshold is a config value
     backend="eager",
 )
 TRAFFIC = [([1, 2, 3] * 4, 3), ([4, 5], 6), ([6] * 5, 4), ([7] * 3, 2)]

@@ -25,7 +25,13 @@ from spyre_verify.checks.ragged_calls import call_key, describe_call
 from spyre_verify.oracle.derive import ladders
 
 RAGGED = RuntimeConfig(
-    layout="ragged", block_size=4, max_model_len=32, max_num_seqs=4, max_num_batched_tokens=8, backend="eager"
+    layout="ragged",
+    block_size=4,
+    max_model_len=32,
+    max_num_seqs=4,
+    max_num_batched_tokens=8,
+    backend="eager",
+    min_batched_seqs=2,  # the batched kernel from 2 rows: the threshold is a config value
 )
 CONFIGS = {
     "batched": RAGGED,

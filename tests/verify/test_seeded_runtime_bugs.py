@@ -117,6 +117,9 @@ def test_the_issue_classes_are_pinned_and_their_edits_apply() -> None:
         "config-mismatch",
         "recompile-limit-too-low",
         "coverage-miss",
+        "request-echo",  # issue 39's probe E: the request judged is the one sent
+        "delivery-mismatch",  # probe C: what users read is what was judged
+        "batched-rule",  # probe B1: a ragged step is judged as a whole
     }
 
 
