@@ -260,6 +260,7 @@ def expected_config(harness: Any, runtime: Any) -> Any:
     from dataclasses import fields, replace
 
     from runtime.config import RuntimeConfig
+    from spyre_verify.oracle.derive import token_budget
 
     if not isinstance(runtime, Declared):
         return harness
@@ -272,5 +273,6 @@ def expected_config(harness: Any, runtime: Any) -> Any:
         asked.add("max_num_batched_tokens")  # the factory was given the budget (`runtimes.settings_for`)
     changes = {f: getattr(declared, f) for f in DECLARABLE if f not in asked}
     if "max_num_batched_tokens" in asked and harness.max_num_batched_tokens is None:
-        changes["max_num_batched_tokens"] = harness.token_budget
+        # DESIGN's default budget, derived: the runtime's own property would make its word the expected value.
+        changes["max_num_batched_tokens"] = token_budget(harness)
     return replace(harness, **changes, model=declared.model)

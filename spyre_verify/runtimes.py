@@ -150,13 +150,16 @@ def open_runtime(target: str, settings: Settings) -> Any:
 
 def settings_for(config: Any, wrap_backend: Any = None, fault: str | None = None, seams: Any = None) -> Settings:
     """The Settings for a CLI-built RuntimeConfig: its generic sizes, and the whole of it as `native`."""
+    from spyre_verify.oracle.derive import token_budget
+
     c = config
     # The pool size travels as an option: a runtime with a pool of its own may honour it.
-    options: dict[str, Any] = {"num_blocks": c.total_blocks} if c.num_blocks is not None else {}
+    options: dict[str, Any] = {"num_blocks": c.num_blocks} if c.num_blocks is not None else {}
     options |= {"batched_decode": False} if not c.batched_decode else {}  # per_sequence_decode's switch
     options |= {"seams": seams} if seams is not None else {}
-    # The layout travels as an option too: a runtime offering both follows the one asked for.
-    options |= {"layout": c.layout, "max_num_batched_tokens": c.token_budget} if c.ragged else {}
+    # The layout travels as an option too: a runtime offering both follows the one asked for. The
+    # budget is DESIGN's, derived, as `declared.expected_config` expects it back.
+    options |= {"layout": c.layout, "max_num_batched_tokens": token_budget(c)} if c.ragged else {}
     return Settings(c.block_size, c.max_model_len, c.max_num_seqs, c.backend, c.device, wrap_backend, fault, c, options)
 
 
