@@ -31,7 +31,7 @@ from spyre_verify.checks.violations import Checker, InvariantViolation, Violatio
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.crowds import crowd_traffic_for_check
 from spyre_verify.declared import expected_config
-from spyre_verify.edges import abort_edges, boundary_arrivals, chunk_edges
+from spyre_verify.edges import Edge, EdgeRules, abort_edges, boundary_arrivals, chunk_edges, protocol_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import layout_of
@@ -65,6 +65,7 @@ def all_checkers(strict: bool = False, kv_integrity: bool = False, output_sample
         OutputEquivalence(strict, sample=output_sample),
         Liveness(strict),
         RequestEcho(strict),
+        EdgeRules(strict),
         RuntimeCrash(),
     ]
 
@@ -123,6 +124,7 @@ class RunResult:
     tape: Tape = field(default_factory=Tape)  # every call the run made on the runtime (`spyre_verify.tape`)
     rules: dict[str, str] = field(default_factory=dict)  # where the runtime's rules differ from DESIGN's, and how
     runtime_config: dict[str, Any] | None = None  # another runtime's own config, as it reports it
+    edges: list[Edge] = field(default_factory=list)  # the protocol edges served (`edges.protocol_edges`)
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -249,6 +251,23 @@ def cover(engine: Any, progress: Progress | None = None, checkers: Sequence[Chec
     return len(scenarios), misses
 
 
+def serve_edges(
+    engine: Any, contract: bool, result: RunResult, progress: Progress | None, checkers: Sequence[Checker]
+) -> None:
+    """The edge traffic after the workload. With the contract: the edge of admission, each request
+    admitted or refused exactly as DESIGN says, aborts of running requests (which the workload's
+    queue makes rare) and (ragged) a prompt in chunks. On every runtime: the protocol edges, one
+    scenario a refusal and ending rule, recorded in `result.edges`."""
+    config = engine.config
+    for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)) if contract else ():
+        edge = serve(engine, edges, progress, checkers)
+        result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
+    if progress:
+        progress("edges: aborts of an ended, a refused and an unknown id; stop tokens, EOS and max_tokens 1")
+    run = protocol_edges(engine, checkers, into=result.edges)
+    result.requests, result.rejected = result.requests + run.accepted, result.rejected + run.rejected
+
+
 def verify(
     config: RuntimeConfig,
     seams: Seams = Seams(),
@@ -266,7 +285,8 @@ def verify(
     and the batch; the run still finishes its checks and returns a result. `runtime` is the
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
     coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
-    `crowds.py`). For another runtime, `fault` is one of its own.
+    `crowds.py`). With `coverage`, the edge traffic runs first (`serve_edges`): on every runtime, the
+    protocol edges. For another runtime, `fault` is one of its own.
     """
     checkers = checkers if checkers is not None else all_checkers()
     crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
@@ -288,7 +308,7 @@ def verify(
         # A declared contract: the harness's config, completed by the declaration, is the one judged.
         result.config = config = expected_config(config, engine)
         contract = "design_contract" in engine.capabilities
-        crowds, coverage = coverage and not contract, coverage and contract
+        edges, crowds, coverage = coverage, coverage and not contract, coverage and contract
         log = DispatchLog()
         engine.subscribe(log)
         # The traffic's calls, kept for a finding's reproducer; the checkers attach through it, so that
@@ -324,13 +344,10 @@ def verify(
             with graph.guard() if graph is not None else contextlib.nullcontext():
                 with result.timing("traffic"):
                     result.requests, result.rejected = served = serve(driven, workload, progress, checkers)
-                if coverage:
-                    # The edge of admission: each must be admitted or refused exactly as DESIGN says;
-                    # then aborts of running requests, which the workload's queue makes rare.
+                if edges:
                     with result.timing("traffic"):
-                        for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)):
-                            edge = serve(driven, edges, progress, checkers)
-                            result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
+                        serve_edges(driven, contract, result, progress, checkers)
+                if coverage:
                     stage = "coverage traffic"
                     with result.timing("coverage"):
                         result.scenarios, result.coverage_problems = cover(driven, progress, checkers)

@@ -99,6 +99,8 @@ def payload(result: RunResult, rows: list[KillRow] | None, per_seq: PassOutcome 
         "rules": result.rules,
         # Another runtime's own config as it reports it (its pool, its layout): `config` is what the harness built.
         "runtime_config": result.runtime_config,
+        # The protocol edges, one scenario a refusal and ending rule (`edges.protocol_edges`).
+        "edges": [e.to_dict() for e in result.edges],
     }
 
 
@@ -170,6 +172,13 @@ def markdown(p: dict[str, Any]) -> str:
     ]
     header = ["check", "status", "violations", "observed", "first violation (or why not run)"]
     lines += ["## Checks", "", table(rows, header), ""]
+    if p.get("edges"):
+        lines += [
+            "## Edges",
+            "",
+            table([edge_row(e) for e in p["edges"]], ["scenario", "sent", "the runtime", "rule kept"]),
+        ]
+        lines += [""]
     if p.get("rules"):
         lines += ["## Rules of this runtime", "", *(f"- {name}: {why}" for name, why in p["rules"].items()), ""]
     if p.get("reproducer"):
@@ -226,6 +235,27 @@ def markdown(p: dict[str, Any]) -> str:
         stopped = not p["error"].startswith("verified ")  # "verified nothing/too little": it served to the end
         lines += [f"Serving stopped early: {p['error']}" if stopped else p["error"].capitalize(), ""]
     return "\n".join(lines)
+
+
+def edge_row(e: dict[str, Any]) -> list[str]:
+    """One protocol edge in words: what was sent, what the runtime did, whether it kept the rule."""
+    sent, did = e["sent"], e["did"]
+    if "abort" in sent:
+        what = f"abort({sent['abort']!r})" if sent["abort"] is not None else "no abort"
+    elif sent:
+        stops = sent["stop_token_ids"]
+        what = f"prompt {sent['prompt']}, max_tokens {sent['max_tokens']}" + (f", stops {stops}" if stops else "")
+        what += ", ignore_eos" if sent["ignore_eos"] else ""
+    else:
+        what = "nothing"
+    if isinstance(did.get("refused"), bool):
+        then = "refused" if did["refused"] else "returned"
+    elif "finish_reason" in did:
+        then = f"{did['finish_reason']} after {did['tokens']}"
+    else:
+        then = "refused the add" if did.get("refused") else ("did not end" if did else "-")
+    kept = {True: "yes", False: f"NO ({', '.join(e['flagged'])}): {e['note']}", None: e["note"]}[e["followed"]]
+    return [e["name"], what, then, kept]
 
 
 def phases_line(phases: dict[str, float]) -> str:

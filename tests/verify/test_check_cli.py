@@ -31,6 +31,7 @@ CHECKS = {
     "runtime-crash",
     "liveness",
     "request-echo",
+    "edge-rules",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]
