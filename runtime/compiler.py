@@ -18,9 +18,9 @@ from torch._dynamo.backends.registry import lookup_backend
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, WARMUP, CallEvent, CompileEvent, EventBus, GraphHitEvent
+from runtime.limits import DYNAMO_DEFAULTS
+from runtime.limits import compile_limits as limits_for
 
-# Two control calls per kernel sit on top of the warm set in a verification run.
-COMPILE_HEADROOM = 8
 _COPIES = itertools.count(1)
 
 
@@ -35,13 +35,10 @@ def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def compile_limits(config: RuntimeConfig, buckets: int) -> dict[str, int]:
-    """The Dynamo limits an engine compiles under: the per-function recompile limit above the
-    bucket count (or the configured one), and the accumulated limit above that."""
+    """The Dynamo limits an engine compiles under (`runtime.limits`), from those in force now."""
     cfg = torch._dynamo.config
-    limit = config.recompile_limit
-    if limit is None:
-        limit = max(cfg.recompile_limit, buckets + COMPILE_HEADROOM)
-    return {"recompile_limit": limit, "accumulated_recompile_limit": max(cfg.accumulated_recompile_limit, 4 * limit)}
+    in_force = {name: getattr(cfg, name) for name in DYNAMO_DEFAULTS}
+    return limits_for(config, buckets, in_force)
 
 
 def set_dynamo_config(settings: Mapping[str, object]) -> dict[str, object]:

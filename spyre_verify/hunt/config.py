@@ -3,7 +3,12 @@ acceptance of it held to `spyre_verify.oracle.accept`.
 
 `RuntimeConfig.from_env(env, **kwargs)` must accept exactly what DESIGN accepts, refuse the
 rest with a `ConfigError` (any other exception is a `runtime-error`), and read an accepted
-env (KV override, batched flag, backend) as the oracle reads it.
+env (KV override, batched flag, backend) as the oracle reads it. On every config it accepts,
+the start-up checks that need no compile (`hunt.startup`) run too: the derived pool and limits
+(`config-mismatch`) and Dynamo's limits against the warm graphs (`recompile-limit-too-low`).
+About one draw in ten is at production sizes (block_size 64, max_model_len up to 32768, up
+to 64 sequences, ragged budgets 512..8192), which no other property draws: a rule that holds at
+a few blocks can fail at 512, as a limit that grows slower than the bucket count does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from runtime.config import (
 )
 from runtime.errors import ConfigError
 from spyre_verify.hunt.findings import Finding, from_runtime
+from spyre_verify.hunt.startup import derived_mismatches, limit_problems, within_production
 from spyre_verify.hunt.strategies import BLOCK_SIZES, draw_kv_override
 from spyre_verify.hunt.tape import Choices, Draw, Tape, choices, tape_cases
 from spyre_verify.oracle import accept, derive
@@ -62,6 +68,14 @@ _LAYOUT_TEXTS: tuple[Any, ...] = ("ragged", " ragged", "ragged\t")
 _EDGE_TOKEN_TEXTS: tuple[Any, ...] = ("0", "-{}", "{}.0", "+{}", "1e3", str((1 << 20) + 1), str(1 << 20))
 _EDGE_ENTRIES: tuple[Any, ...] = (0, -1, True, 2.0, "32")
 _RAGGED_DEFECTS = ("batched_tokens", "entries", "query", "limit_ragged")
+# Production sizes (a draw that pushes no size to its edge): block_size 64, max_model_len up to
+# 32768 (512 blocks a sequence), up to 64 sequences, ragged token budgets 512..8192. Typical
+# values half the time, else any in range; a production draw shrinks to a small one.
+PRODUCTION_BLOCK = 64
+_PRODUCTION_LENS = (2048, 4096, 8192, 16384, 32768)
+_PRODUCTION_SEQS = (1, 4, 8, 16, 32, 64)
+PRODUCTION_BUDGETS = (512, 1024, 2048, 4096, 8192)
+MAX_PRODUCTION_LEN, MAX_PRODUCTION_SEQS = _PRODUCTION_LENS[-1], _PRODUCTION_SEQS[-1]
 DEFECTS = (
     "none",
     "block_size",
@@ -102,12 +116,18 @@ def draw_raw_rungs(draw: Draw, bs: int, top: int) -> str:
 def draw_raw_config(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
     ch = choices(draw)
     defect = pick(ch, DEFECTS)
-    bs = pick(ch, _EDGE_SIZES) if defect == "block_size" else pick(ch, BLOCK_SIZES)
+    # About one draw in ten at production sizes, unless a size is the defect; it shrinks to a small one.
+    big = ch.between(0, 5) == 5 and defect not in ("block_size", "max_model_len", "max_num_seqs")
+    bs = pick(ch, _EDGE_SIZES) if defect == "block_size" else PRODUCTION_BLOCK if big else pick(ch, BLOCK_SIZES)
     good = bs if type(bs) is int and bs > 0 else 4  # what the other fields are drawn for
     # max_model_len must exceed block_size (room for one padded prompt and a token): L = bs is an edge.
     edges = (0, -1, good, good + 1, 8192 * good, 8192 * good + 1)
-    L = pick(ch, edges) if defect == "max_model_len" else ch.between(good + 1, 64)
-    S = pick(ch, _EDGE_COUNTS) if defect == "max_num_seqs" else ch.between(1, 8)
+    if big:
+        L = pick(ch, _PRODUCTION_LENS) if ch.flag() else ch.between(good + 1, MAX_PRODUCTION_LEN)
+        S = pick(ch, _PRODUCTION_SEQS) if ch.flag() else ch.between(1, MAX_PRODUCTION_SEQS)
+    else:
+        L = pick(ch, edges) if defect == "max_model_len" else ch.between(good + 1, 64)
+        S = pick(ch, _EDGE_COUNTS) if defect == "max_num_seqs" else ch.between(1, 8)
     kwargs: dict[str, Any] = {"block_size": bs, "max_model_len": L, "max_num_seqs": S, "backend": "eager"}
     per_seq = -(-L // good) if type(L) is int and L > 0 else 1
     if defect == "num_blocks":  # the legal minimum, one or two below it, or a size limit
@@ -132,20 +152,28 @@ def draw_raw_config(draw: Draw) -> tuple[dict[str, Any], dict[str, str]]:
         top = per_seq * good
         kwargs["kv_buckets"] = tuple(sorted({top, good * ch.between(1, max(1, per_seq))}))
     ragged = defect in _RAGGED_DEFECTS or (defect not in ("layout", "ragged_only") and ch.between(0, 3) == 0)
-    draw_raw_layout(ch, kwargs, env, defect, ragged, L, S)
+    draw_raw_layout(ch, kwargs, env, defect, ragged, L, S, big)
     if not ragged:  # the volumetric limit is refused under ragged: drawn there only as its defect
         draw_raw_limit(ch, kwargs, env, defect == "tkv_limit", good, L, S)
     return kwargs, env
 
 
 def draw_raw_layout(
-    draw: Draw, kwargs: dict[str, Any], env: dict[str, str], defect: str, ragged: bool, L: object, S: object
+    draw: Draw,
+    kwargs: dict[str, Any],
+    env: dict[str, str],
+    defect: str,
+    ragged: bool,
+    L: object,
+    S: object,
+    big: bool = False,
 ) -> None:
     """The layout and the ragged layout's settings, as kwargs, env or both (the env wins): with
-    `ragged`, a budget T near max_num_seqs and max_model_len, an entry target and a query ladder
-    override near their rules; else padded, now and then with one ragged setting (`ragged_only`)."""
+    `ragged`, a budget T near max_num_seqs and max_model_len (`big`: a production budget, 512..8192),
+    an entry target and a query ladder override near their rules; else padded, now and then with
+    one ragged setting (`ragged_only`)."""
     ch = choices(draw)
-    seqs = S if type(S) is int and 0 < S <= 8 else 4
+    seqs = S if type(S) is int and 0 < S <= MAX_PRODUCTION_SEQS else 4
     length = L if type(L) is int and 0 < L <= 1 << 16 else 16
     if defect == "layout":
         if ch.flag():
@@ -167,8 +195,9 @@ def draw_raw_layout(
     if not ragged and defect != "ragged_only":
         return
     # T: unset (the default max(min(L, 2048), S)), or near its rules; the env wins over the kwarg.
-    values = tuple(v for v in (seqs, seqs + 1, max(seqs, 2), length, length + 1, 2 * length, 1 << 20) if v >= seqs)
-    budget = max(min(length, 2048), seqs)
+    small = (seqs, seqs + 1, max(seqs, 2), length, length + 1, 2 * length, 1 << 20)
+    values = tuple(v for v in (PRODUCTION_BUDGETS if big else small) if v >= seqs)
+    budget = derive.budget(None, length, seqs)
     where = ch.between(0, 3) if defect != "batched_tokens" else 1 + ch.between(0, 1)
     if defect == "ragged_only":
         where = pick(ch, (1, 2, 4, 5, 6))  # one ragged setting under padded: T, E or the query override
@@ -231,7 +260,7 @@ def draw_raw_limit(
     with `defect`, a kwarg or an env text that is not a positive integer."""
     ch = choices(draw)
     length = L if type(L) is int and L > 0 else 16
-    seqs = S if type(S) is int and 0 < S <= 8 else 4
+    seqs = S if type(S) is int and 0 < S <= MAX_PRODUCTION_SEQS else 4
     values = (1, 2, bs + 1, 2 * bs + 4, length - 1, length, 2 * length, length * seqs - 1, length * seqs, 10**12)
     value = max(1, pick(ch, values))
     where = ch.between(0, 3) if not defect else 1 + ch.between(0, 1)  # 0: unset, 1: kwarg, 2: env, 3: both
@@ -295,22 +324,38 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"
         return [Finding("config", "config-acceptance", msg, None, c, details=where)]
-    return derived_values(c, where) or env_round_trip(c, where)
+    return derived_values(c, where) or env_round_trip(c, where) or limits_hold(c, where)
 
 
 def derived_values(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:
-    """The pool and the volume limit the runtime computes from an accepted config, held to DESIGN's
-    arithmetic on the raw fields (`derive.config_values`): the walk and the model use the derived
-    ones, so a runtime that is off here would otherwise serve a pool the oracle never judged."""
-    wrong = [
-        f"{name}={getattr(c, name)!r}, DESIGN {want}"
-        for name, want in derive.config_values(c).items()
-        if getattr(c, name) != want
-    ]
+    """The pool and the limits the runtime derives from an accepted config, held to DESIGN's
+    arithmetic on the raw fields (`startup.derived_mismatches`, conformance's start-up rule): the
+    walk and the model use the derived ones, so a runtime that is off here would otherwise serve
+    a pool the oracle never judged."""
+    wrong = [f"{name}={said!r}, DESIGN {want}" for name, said, want in derived_mismatches(c, c)]
     if not wrong:
         return []
     msg = f"the runtime derives {', '.join(wrong)} from an accepted config"
-    return [Finding("config", "config-values", msg, None, c, details=where)]
+    return [Finding("config", "config-mismatch", msg, None, c, details=where)]
+
+
+def limits_hold(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:
+    """Dynamo's limits an engine on this config would compile under hold every graph each kernel
+    must keep warm (`startup.limit_problems`, graph reuse's start-up rule, with nothing compiled),
+    on a config within production sizes (`startup.within_production`)."""
+    if not within_production(c):
+        return []
+    try:
+        said, problems = limit_problems(c)
+    except Exception as e:
+        if not from_runtime(e):
+            raise
+        msg = f"the runtime raised {type(e).__name__} sizing Dynamo's limits: {e}"
+        return [Finding("config", "runtime-error", msg, None, c, details=where)]
+    if not problems:
+        return []
+    msg = f"an engine on this config compiles under limits too low: {said}; {'; '.join(problems)}"
+    return [Finding("config", "recompile-limit-too-low", msg, None, c, details=where)]
 
 
 def env_round_trip(c: RuntimeConfig, where: dict[str, Any]) -> list[Finding]:

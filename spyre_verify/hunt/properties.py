@@ -16,7 +16,9 @@
   and keys; every warm bucket sits on the oracle's ladders (`checks.ladders`; for a ragged
   config the ragged builder's probe, `checks.ragged_probe`, and the warm set, `hunt.ragged_ladders`).
 - **config**: `RuntimeConfig.from_env` accepts a config and reads its env exactly when
-  `spyre_verify.oracle.accept` says so.
+  `spyre_verify.oracle.accept` says so; on every config it accepts, production sizes
+  included, the start-up checks that need no compile (`hunt.startup`): the derived pool and
+  limits (`config-mismatch`) and Dynamo's limits against the warm graphs (`recompile-limit-too-low`).
 
 Each check returns `Finding`s; a property holds when the list is empty. An exception
 raised by the runtime is a `runtime-error` finding; one raised by the harness is not
@@ -342,7 +344,8 @@ PROPERTIES: dict[str, Property] = {
         ),
         Property(
             "config",
-            "config and env accepted and read exactly as the oracle says",
+            "config and env accepted and read exactly as the oracle says; on each accepted config, production "
+            "sizes included, the derived pool and limits and Dynamo's recompile limits hold",
             lambda f, layouts: raw_configs(),  # acceptance draws every layout, valid or not
             config_property,
             raw_layout,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from runtime.bucketer import SpyreAttnBucketer
-from runtime.compiler import COMPILE_HEADROOM
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.events import EventBus
+from runtime.limits import COMPILE_HEADROOM
 from runtime.paged_attention import PagedAttention
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=64, max_num_seqs=4, backend="eager")

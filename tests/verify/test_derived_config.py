@@ -1,7 +1,7 @@
 """Nothing the runtime reports is taken on its word: the pool, the usable blocks, the volume
 limit and the null block are derived from the raw config fields (`oracle.derive`), the walk and
 the model judge with the derived ones, and a runtime whose own arithmetic is off is named at
-start-up (`config-mismatch`) and by the config hunt (`config-values`). The reference runs on a
+start-up and by the config hunt (`config-mismatch`). The reference runs on a
 model of its own, so weights changed in place by serving are caught by output equivalence.
 """
 
@@ -58,7 +58,7 @@ def test_derived_values_follow_design_not_the_runtime(one_short: None) -> None:
 
 def test_config_hunt_names_a_derived_value_the_runtime_gets_wrong(one_short: None) -> None:
     [f] = check_config({"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}, {})
-    assert f.kind == "config-values", f.message
+    assert f.kind == "config-mismatch", f.message
     assert "total_blocks=8, DESIGN 9" in f.message and "usable_blocks=7, DESIGN 8" in f.message
     # An explicit pool is taken as given by both sides: nothing to flag.
     assert check_config({"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "num_blocks": 7}, {}) == []
