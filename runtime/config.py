@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
+from runtime.blocks import ceil_div
 from runtime.env import (
     BACKENDS,
     ENV_BACKEND,
@@ -103,8 +104,7 @@ class RuntimeConfig:
 
     @property
     def max_blocks_per_seq(self) -> int:
-        # Integer ceiling: float division overflows on a huge (then rejected) max_model_len.
-        return -(-self.max_model_len // self.block_size)
+        return ceil_div(self.max_model_len, self.block_size)
 
     @property
     def total_blocks(self) -> int:

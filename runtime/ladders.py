@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import bisect
-import math
 
+from runtime.blocks import ceil_div
 from runtime.errors import NoRungError
 
 
@@ -38,7 +38,7 @@ def rung_below(ladder: tuple[int, ...], rung: int, floor: int = 0) -> int:
 def kv_blocks_ladder(block_size: int, max_model_len: int, kv_buckets: tuple[int, ...] | None) -> tuple[int, ...]:
     if kv_buckets is not None:
         return tuple(sorted(b // block_size for b in kv_buckets))
-    return powers_of_two_up_to(math.ceil(max_model_len / block_size))
+    return powers_of_two_up_to(ceil_div(max_model_len, block_size))
 
 
 def num_seqs_ladder(max_num_seqs: int, min_batched_seqs: int) -> tuple[int, ...]:
@@ -46,7 +46,7 @@ def num_seqs_ladder(max_num_seqs: int, min_batched_seqs: int) -> tuple[int, ...]
 
 
 def prefill_ladder(block_size: int, max_model_len: int) -> tuple[int, ...]:
-    return tuple(block_size * t for t in range(1, math.ceil(max_model_len / block_size) + 1))
+    return tuple(block_size * t for t in range(1, ceil_div(max_model_len, block_size) + 1))
 
 
 def query_ladder(token_budget: int, rungs_above_one: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -61,4 +61,4 @@ def chunked_shape(seqs_rung: int, kv_rung: int, entries: int) -> tuple[int, int]
     """Ragged batched decode: (blocks_per_chunk, num_chunks) for a seqs rung and a KV rung, aiming at
     `entries` table entries per chunk across the rows."""
     per_chunk = max(1, min(entries // seqs_rung, kv_rung))
-    return per_chunk, -(-kv_rung // per_chunk)
+    return per_chunk, ceil_div(kv_rung, per_chunk)

@@ -3,10 +3,10 @@ block tables are made rectangular with the null block, and only real tokens get 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from runtime.block_pool import NULL_BLOCK
+from runtime.blocks import ceil_div, kv_slots, padded_row, padded_table
 from runtime.bucketer import BatchedKey, Bucket, DecodeKey, PrefillKey, SpyreAttnBucketer
 
 
@@ -68,14 +68,19 @@ class MetadataBuilder:
 
     def row(self, seq: SeqState, width: int) -> tuple[int, ...]:
         lead = seq.left_pad // self.block_size
-        entries = (self.padding_block,) * lead + seq.blocks
-        assert len(entries) <= width, f"{seq.request_id} has {len(entries)} entries, bucket holds {width}"
-        return entries + (self.padding_block,) * (width - len(entries))
+        return padded_row((self.padding_block,) * lead + seq.blocks, width, self.padding_block, seq.request_id)
+
+    def slots(self, seq: SeqState, start: int, end: int) -> tuple[int, ...]:
+        """The KV slots of positions `start` .. `end - 1` of a row."""
+        # The row's real blocks start at its first whole block of real tokens: count from there.
+        first = seq.left_pad // self.block_size * self.block_size
+        real = len(seq.blocks) * self.block_size
+        bad = start if start < first else first + real  # the first position without a real block
+        assert first <= start and end - first <= real, f"{seq.request_id}: position {bad} has no real block"
+        return kv_slots(seq.blocks, start - first, end - first, self.block_size)
 
     def slot(self, seq: SeqState, position: int) -> int:
-        j = position // self.block_size - seq.left_pad // self.block_size
-        assert 0 <= j < len(seq.blocks), f"{seq.request_id}: position {position} has no real block"
-        return seq.blocks[j] * self.block_size + position % self.block_size
+        return self.slots(seq, position, position + 1)[0]
 
     def build_decode(self, seqs: list[SeqState], tkv: int) -> DecodeMetadata:
         assert seqs, "decode needs at least one running sequence"
@@ -85,14 +90,13 @@ class MetadataBuilder:
         key = bucket.key
         assert isinstance(key, (DecodeKey, BatchedKey))
         width, padded = key.kv_blocks, (key.num_seqs if isinstance(key, BatchedKey) else 1)
-        rows = [self.row(s, width) for s in seqs]
-        rows += [(self.padding_block,) * width] * (padded - len(seqs))
+        rows = padded_table([self.row(s, width) for s in seqs], width, padded, self.padding_block)
         needs_gather = len(seqs) < padded
         return DecodeMetadata(
             bucket=bucket,
             tkv=tkv,
             request_ids=tuple(s.request_id for s in seqs),
-            block_table=tuple(rows),
+            block_table=rows,
             left_pads=tuple(s.left_pad for s in seqs),
             seq_lens=tuple(s.num_cached + 1 for s in seqs),
             slots=tuple(self.slot(s, tkv) for s in seqs),
@@ -103,7 +107,7 @@ class MetadataBuilder:
     def build_prefill(self, seq: SeqState, tkv: int) -> PrefillMetadata:
         """Metadata for one request joining at (post-shift) `tkv`; its prompt is cached."""
         assert seq.left_pad + seq.num_cached == tkv
-        width = math.ceil(tkv / self.block_size)
+        width = ceil_div(tkv, self.block_size)
         return PrefillMetadata(
             bucket=self.bucketer.prefill_bucket(width * self.block_size),
             tkv=tkv,
@@ -111,5 +115,5 @@ class MetadataBuilder:
             left_pad=seq.left_pad,
             prompt_len=seq.num_cached,
             block_table=self.row(seq, width),
-            slots=tuple(self.slot(seq, p) for p in range(seq.left_pad, tkv)),
+            slots=self.slots(seq, seq.left_pad, tkv),
         )

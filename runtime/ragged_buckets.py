@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from runtime import ladders
+from runtime.blocks import ceil_div
 from runtime.config import RuntimeConfig
 from runtime.keys import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
-from runtime.ragged_reachability import ChunkReach, RaggedLimits, ceil_div, decode_span_pool
+from runtime.ragged_reachability import ChunkReach, RaggedLimits, decode_span_pool
 
 
 class SpyreAttnBucketer(Protocol):

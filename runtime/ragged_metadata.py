@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.block_pool import NULL_BLOCK
+from runtime.blocks import ceil_div, kv_slots, padded_row, padded_table
 from runtime.bucketer import AttendKey, Bucket, ChunkedKey, SpyreAttnBucketer
 
 
@@ -70,17 +71,15 @@ class RaggedBuilder:
 
     def blocks_for(self, end: int) -> int:
         """Entries a call needs whose last query sits at position end - 1."""
-        return -(-end // self.block_size)
+        return ceil_div(end, self.block_size)
 
     def row(self, seq: RaggedSeq, width: int) -> tuple[int, ...]:
         entries = seq.blocks[: self.blocks_for(seq.end)]
         assert len(entries) == self.blocks_for(seq.end), f"{seq.request_id}: blocks missing for position {seq.end - 1}"
-        assert len(entries) <= width, f"{seq.request_id} has {len(entries)} entries, bucket holds {width}"
-        return entries + (self.padding_block,) * (width - len(entries))
+        return padded_row(entries, width, self.padding_block, seq.request_id)
 
     def slots(self, seq: RaggedSeq) -> tuple[int, ...]:
-        bs = self.block_size
-        return tuple(seq.blocks[p // bs] * bs + p % bs for p in range(seq.start, seq.end))
+        return kv_slots(seq.blocks, seq.start, seq.end, self.block_size)
 
     def build_step(self, decodes: list[RaggedSeq], chunk: RaggedSeq | None) -> tuple[Call, ...]:
         """Every call of one step, in dispatch order: the decodes, then the chunk."""
@@ -108,12 +107,11 @@ class RaggedBuilder:
         key = bucket.key
         assert isinstance(key, ChunkedKey)
         width = key.blocks_per_chunk * key.num_chunks
-        rows = [self.row(s, width) for s in seqs]
-        rows += [(self.padding_block,) * width] * (key.num_seqs - len(seqs))
+        rows = padded_table([self.row(s, width) for s in seqs], width, key.num_seqs, self.padding_block)
         return ChunkedMetadata(
             bucket=bucket,
             request_ids=tuple(s.request_id for s in seqs),
             seq_lens=tuple(s.end for s in seqs),
-            block_table=tuple(rows),
+            block_table=rows,
             slots=tuple(slot for s in seqs for slot in self.slots(s)),
         )

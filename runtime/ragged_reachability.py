@@ -60,9 +60,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from runtime.blocks import ceil_div
 
 
 def sum_ceil(d: int, bs: int) -> int:

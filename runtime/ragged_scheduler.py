@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.block_pool import BlockPool
+from runtime.blocks import ceil_div
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import PrefillState, RowState
@@ -133,7 +134,7 @@ class RaggedScheduler(RequestQueue):
         if self.prefilling is not None or not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return None
         req = self.waiting[0]
-        need = -(-(len(req.prompt) + req.max_tokens - 1) // self.bs)
+        need = ceil_div(len(req.prompt) + req.max_tokens - 1, self.bs)
         return Admission(req, 0, 0, need) if self.pool.can_reserve(need) else None
 
     def _admit(self, adm: Admission) -> None:
@@ -145,7 +146,7 @@ class RaggedScheduler(RequestQueue):
 
     def _grow(self, r: Request, positions: int) -> None:
         """Give `r` the blocks its positions 0 .. positions - 1 land in, from its reservation."""
-        need = -(-positions // self.bs) - len(r.blocks)
+        need = ceil_div(positions, self.bs) - len(r.blocks)
         if need > 0:
             r.blocks += self.pool.allocate(r.request_id, need)
 

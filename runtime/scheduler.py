@@ -8,11 +8,11 @@ stand-in tokens. The rules are DESIGN's "Positions and bucket keys".
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from runtime.block_pool import BlockPool
+from runtime.blocks import ceil_div
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import RowState
@@ -68,7 +68,7 @@ class Scheduler(RequestQueue):
         self._plan: StepPlan | None = None  # scheduled, not yet postprocessed
 
     def fit_problem(self, tokens: tuple[int, ...], max_tokens: int) -> str | None:
-        padded = math.ceil(len(tokens) / self.bs) * self.bs
+        padded = ceil_div(len(tokens), self.bs) * self.bs
         if padded + max_tokens > self.config.max_model_len:
             return (
                 f"request can never fit: prompt of {len(tokens)} tokens pads to {padded}, plus "
@@ -136,9 +136,9 @@ class Scheduler(RequestQueue):
         req = self.waiting[0]
         p, bs = len(req.prompt), self.bs
         if not self.running:
-            shift, tkv = 0, math.ceil(p / bs) * bs
+            shift, tkv = 0, ceil_div(p, bs) * bs
         else:
-            shift = math.ceil((p - self.tkv) / bs) * bs if p > self.tkv else 0
+            shift = ceil_div(p - self.tkv, bs) * bs if p > self.tkv else 0
             tkv = self.tkv + shift
         L = self.config.max_model_len
         if tkv + req.max_tokens > L or any(tkv + r.remaining > L for r in self.running):
@@ -147,7 +147,7 @@ class Scheduler(RequestQueue):
         if projected_peak(tkv, decodes) > self.config.batch_tkv_limit:
             return None
         lp = tkv - p
-        need = math.ceil((tkv + req.max_tokens - 1) / bs) - lp // bs
+        need = ceil_div(tkv + req.max_tokens - 1, bs) - lp // bs
         if not self.pool.can_reserve(need):
             return None
         return Admission(req, shift, tkv, need)
@@ -160,7 +160,7 @@ class Scheduler(RequestQueue):
         self.tkv = adm.tkv
         req.left_pad = adm.tkv - len(req.prompt)
         self.pool.reserve(req.request_id, adm.reservation)
-        prompt_blocks = math.ceil(adm.tkv / self.bs) - req.left_pad // self.bs
+        prompt_blocks = ceil_div(adm.tkv, self.bs) - req.left_pad // self.bs
         req.blocks = self.pool.allocate(req.request_id, prompt_blocks)
         self.running.append(req)
         return req

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # a run loads torch; naming the catalog (the CLI's help) must
     from spyre_verify.session import Progress, RunResult
 
 
-# Above this many reachable buckets (each a warmup compile of every fault run) the kill table
+# Above this many candidate keys (a bound of the warm set: each a warmup compile of every fault run) the kill table
 # runs its faults in parallel processes.
 PARALLEL_ABOVE = 32
 # A kill-table row runs the bundled runtime under eager: every fault and checker lives at Dynamo's
@@ -161,12 +161,20 @@ def catalog_workers(config: RuntimeConfig, faults_to_run: int) -> int:
     """Worker processes for the kill table: one, unless there are several faults and a warmup of
     more than PARALLEL_ABOVE graphs each, where every core takes one (a spawned worker costs a
     torch import, seconds, which a large config's minute-long fault runs repay)."""
-    from spyre_verify.oracle.walk import reachable
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if faults_to_run < 2 or cores < 2 or len(reachable(config).buckets) <= PARALLEL_ABOVE:
+    if faults_to_run < 2 or cores < 2 or candidate_graphs(config) <= PARALLEL_ABOVE:
         return 1
     return min(cores, faults_to_run)
+
+
+def candidate_graphs(config: RuntimeConfig) -> int:
+    """The keys the ladders allow, an upper bound of warmup's graphs, off the ladders alone: sizing
+    a process pool is no reason to walk the reachable set (seconds at production sizes)."""
+    lad = derive.ladders(config)
+    kv, seqs = len(lad.kv_blocks), len(lad.num_seqs)
+    if lad.ragged:
+        return kv * len(lad.query_tokens) + seqs * kv
+    return kv + 4 * seqs * kv + len(lad.prefill_tokens)
 
 
 def foreign_workers(target: str, faults_to_run: int) -> int:

@@ -2,7 +2,7 @@
 
 A runtime is named by a factory, `module:attr`, called with the harness's `Settings`. What
 it returns must satisfy `Runtime` (the core every checker relies on) and may offer optional
-capabilities, each listed by name in `runtime.capabilities` and each a Protocol below. A
+capabilities, each listed by name in `runtime.capabilities` with its attributes (`CAPABILITIES`). A
 checker names the capabilities it needs (`Checker.needs`); one whose capability is absent
 is reported as *not run*, never as passing. Everything here is structural: a runtime never
 imports spyre_verify, it only offers the attributes named here.
@@ -46,14 +46,22 @@ EVENTS = {
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     # Block tables over a pool with a reserved null block: `block_table` and `kv_write` events.
     "paging": ("null_block", "num_blocks"),
-    # An unpadded, unpaged eager run of the same model: the judge of output equivalence.
+    # An unpadded, unpaged eager run of the same model, the judge of output equivalence:
+    # `reference(prompt, max_tokens, stop_token_ids=(), ignore_eos=False)` returns its `tokens`,
+    # `logits` (one row a token, or empty) and `reason` ("length" or "stop").
     "reference": ("reference",),
-    # KV blocks' contents and owners, so the harness can checksum blocks nobody should write.
+    # KV blocks' contents and owners, so the harness can checksum blocks nobody should write:
+    # `kv_blocks(blocks)`, every cache tensor (each layer's K and V) indexed by `blocks`, shaped
+    # [len(blocks), block_size, ...] (dim 1 the offset within the block; a cache laid out otherwise
+    # is permuted to this), and `block_owners()`, every allocated block -> the request owning it.
     "kv_cache": ("kv_blocks", "block_owners"),
-    # Calls of compiled kernels through the serving entry point: one per warm bucket on the
-    # buffers serving uses (preflight), and control calls that must compile.
+    # Calls of compiled kernels through the serving entry point: `preflight_call(bucket)`, one call
+    # of a warm bucket on the buffers serving uses (after warmup it must not compile), and
+    # `controls()`, calls no warm graph serves, each with `name`, `bucket` and `call()`.
     "control_calls": ("preflight_call", "controls"),
-    # The runtime's own compile accounting per kernel, compared with the harness's count.
+    # The runtime's own compile accounting, compared with the harness's count: `kernel_accounts()`,
+    # kernel -> its `calls` (bucket -> calls), `served` ((call's bucket, graph's bucket) -> graph
+    # hits) and `compiles` (its compile events).
     "compile_accounting": ("kernel_accounts",),
     # A per-sequence decode kernel beside the batched one, chosen when the harness builds the
     # runtime with `options["batched_decode"] = False`: check's per-sequence pass needs it.
@@ -80,6 +88,8 @@ DECLARATIONS = {
     "rules": "rule name -> one sentence saying where the runtime departs from CONTRACT.md",
     "refusal": "the ValueError subclass add_request and abort refuse with",
 }
+# A runtime may also ship its own fault catalog, `faults()`: fault name -> the checker that must
+# catch it (`runtimes.py` reads it; `check` runs each as a control).
 
 CORE = (
     "name",
@@ -186,69 +196,6 @@ class Runtime(Protocol):
     def has_work(self) -> bool: ...
     def pool_snapshot(self) -> object: ...
     def close(self) -> None: ...
-
-
-class Paging(Protocol):
-    null_block: int
-    num_blocks: int
-
-
-class ReferenceRun(Protocol):
-    tokens: Sequence[int]
-    logits: Sequence[Any]  # one row per token, or empty when the runtime offers none
-    reason: str  # "length" or "stop"
-
-
-class Reference(Protocol):
-    def reference(
-        self, prompt: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int] = (), ignore_eos: bool = False
-    ) -> ReferenceRun: ...
-
-
-class KVCacheAccess(Protocol):
-    def kv_blocks(self, blocks: Sequence[int]) -> list[Any]:
-        """Every cache tensor (each layer's K and V) indexed by `blocks`: tensors [len(blocks), block_size,
-        ...], dim 1 the offset within the block (a cache laid out otherwise is permuted to this)."""
-        ...
-
-    def block_owners(self) -> Mapping[int, str]:
-        """Every allocated block and the request that owns it."""
-        ...
-
-
-class Control(Protocol):
-    """A kernel call that must compile: through the serving entry point, so a broken guard fails it."""
-
-    name: str
-    bucket: Any
-
-    def call(self) -> Any: ...
-
-
-class ControlCalls(Protocol):
-    def preflight_call(self, bucket: Any) -> None:
-        """Call `bucket`'s kernel once on the buffers serving uses; after warmup it must not compile."""
-        ...
-
-    def controls(self) -> Sequence[Control]:
-        """Calls no warm graph serves: for example a size between rungs, or buffers of another stride."""
-        ...
-
-
-class KernelAccount(Protocol):
-    calls: Mapping[Any, int]  # bucket -> kernel calls
-    served: Mapping[tuple[Any, Any], int]  # (call's bucket, bucket its graph was compiled for) -> graph hits
-    compiles: Sequence[Any]  # the compile events of this kernel
-
-
-class CompileAccounting(Protocol):
-    def kernel_accounts(self) -> Mapping[str, KernelAccount]: ...
-
-
-class Faulty(Protocol):
-    """A runtime may ship its own fault catalog: fault name -> the checker that must catch it."""
-
-    def faults(self) -> Mapping[str, str]: ...
 
 
 Factory = Callable[[Settings], Runtime]

@@ -281,6 +281,7 @@ def spyre_runtime_factory() -> Callable[..., Any]:
 def spyre_engine(spyre_config: RuntimeConfig, spyre_runtime_factory: Callable[..., Any]) -> Iterator[Any]:
     """A warmed engine with every always-on checker its capabilities allow attached in strict mode."""
     from spyre_verify.checks.graph_reuse import counting_wrapper
+    from spyre_verify.declared import DeclarationError, declare
     from spyre_verify.protocol import layout_of, missing
     from spyre_verify.runtimes import settings_for
     from spyre_verify.session import always_on
@@ -294,6 +295,11 @@ def spyre_engine(spyre_config: RuntimeConfig, spyre_runtime_factory: Callable[..
         pytest.fail(
             f"spyre_runtime_factory builds a runtime that does not satisfy the protocol; missing: {', '.join(lacks)}"
         )
+    try:  # a declared contract: the checkers see it through the harness's own config and keys
+        engine = declare(engine, "spyre_runtime_factory")
+    except DeclarationError as e:
+        engine.close()
+        pytest.fail(str(e))
     checkers = [c for c in checkers if not c.skip(engine.capabilities, layout_of(engine))]
     for c in checkers:
         c.attach(engine)

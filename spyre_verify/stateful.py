@@ -53,10 +53,11 @@ from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import Request
 from runtime.scheduler import Scheduler, StepPlan
 from runtime.warmup import warm_plan
-from spyre_verify.hunt.lockstep import abort_leak
-from spyre_verify.hunt.ragged_dispatch import call_key, step_keys
+from spyre_verify.checks.ragged_calls import call_key, rows_of
+from spyre_verify.hunt.lockstep import abort_leak, abort_slip
+from spyre_verify.hunt.ragged_dispatch import step_keys
 from spyre_verify.hunt.ragged_lockstep import abort_differences, step_differences
-from spyre_verify.hunt.ragged_replay import RaggedPoint, abort_ragged
+from spyre_verify.hunt.ragged_replay import RaggedPoint
 from spyre_verify.hunt.strategies import (
     EOS,
     LAYOUTS,
@@ -216,15 +217,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             live.append(self.model.prefill.request_id)
         choices = [*live, *live, *live, *self.ids, "no-such-request"]
         rid = choices[data.draw(st.integers(0, len(choices) - 1), label="abort index")]
-        a = abort_ragged(self.sched, rid) if self.ragged else abort_once(self.sched, rid)
-        why = self.model.abort_refusal(rid)
+        a = abort_once(self.sched, rid)
+        slip = abort_slip(a, self.model.abort_refusal(rid), f"abort({rid})")
+        assert slip is None, slip[1]
         if a.error is not None:
             note(f"abort({rid}) refused: {a.error}")
-            assert why is not None, f"abort({rid}) refused, but DESIGN ends it: {a.error}"
-            assert not a.changed, f"a refused abort({rid}) changed the scheduler"
             return
         note(f"abort({rid}) -> freed {list(a.blocks)} + {a.reserved} promised; tkv {self.sched.tkv}")
-        assert why is None, f"abort({rid}) succeeded, but DESIGN refuses it: {why}"
         leak = abort_leak(self.sched, a)
         assert leak is None, f"abort({rid}) leaked blocks: {leak}"
         self.model.abort(rid)
@@ -283,7 +282,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if isinstance(plan, RaggedPlan):
             rows = (*plan.decodes, *((plan.chunk,) if plan.chunk is not None else ()))
             for c in plan.calls:
-                want_key = call_key(self.lad, c)
+                kernel, _, lens, qlens = rows_of(c)
+                want_key = call_key(self.lad, kernel, lens, qlens)
                 assert c.bucket == want_key, f"dispatched {c.bucket}, the oracle keys this call {want_key}"
                 assert c.bucket in self.warm, f"dispatched {c.bucket}, which warmup never records"
             design = step_keys(self.lad, RaggedPoint(0, plan.kind, plan.calls, rows, {}))

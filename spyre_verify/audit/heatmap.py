@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.bucketer import ATTEND, BATCHED, CHUNKED, DECODE
 from spyre_verify.audit.verdict import HIT, MISSED, NEVER_HIT, PRUNED
+from spyre_verify.oracle.derive import DEFAULT_ENTRIES
 
 CATEGORIES = (HIT, NEVER_HIT, PRUNED, MISSED)
 COLOURS = {HIT: "#4caf50", NEVER_HIT: "#ffb300", PRUNED: "#d9d9d9", MISSED: "#e53935"}
@@ -74,7 +75,7 @@ def panels(p: dict[str, Any], kernel: str) -> list[Panel]:
     if not kv or not seqs:
         return []
     if kernel == CHUNKED:
-        entries = p["config"].get("batched_decode_entries") or 32  # DESIGN's default E
+        entries = p["config"].get("batched_decode_entries") or DEFAULT_ENTRIES
         cells = [[_cell(rows, chunked_cell(entries, n, k)) for k in kv] for n in seqs]
         return [("batched decode, chunked", [f"{n} seqs" for n in seqs], cells)]
     return [

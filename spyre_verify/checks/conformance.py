@@ -46,7 +46,7 @@ from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle import derive
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.oracle.ragged_compare import describe_ragged
-from spyre_verify.oracle.ragged_model import RaggedModel, ragged_values
+from spyre_verify.oracle.ragged_model import RaggedModel
 
 RECORDS_EVERY = 256  # finish events held before the runtime's record of them is checked
 # A declared value compared by what it resolves to: an unset budget is the budget the default gives.
@@ -108,7 +108,7 @@ class ContractConformance(Checker):
                         f"{name}: the runtime's config says {mine!r}, but the harness built it with {theirs!r}; "
                         "every expected value derives from the harness's",
                     )
-        want = ragged_values(c) if self.ragged else derive.config_values(c)
+        want = derive.config_values(c)
         said = {name: getattr(own, name) for name in want}
         # What it built, not only what its config says: the paging capability's pool size and null block.
         if "paging" in getattr(engine, "capabilities", ()):

@@ -367,6 +367,12 @@ class GraphReuse(Checker):
         """Compiles and graph hits per kernel, from the runner and from the counting backend."""
         return {c.kernel: c.as_dict() for c in compare(self.engine.kernel_accounts(), self.counter)}
 
+    @property
+    def judged_nothing(self) -> bool:
+        """Also when a contract runtime's compile could not be read off its graph: its label then went
+        unjudged, so a pass would say less than it claims (`labels_unmapped`)."""
+        return super().judged_nothing or (self.contract and self.unmapped > 0)
+
     def observed(self) -> dict[str, Any]:
         # Serving calls are counted at finish: until then nothing served has been judged.
         return {

@@ -22,7 +22,7 @@ from runtime.config import RuntimeConfig
 from runtime.events import SERVING, CompileEvent
 from runtime.metadata import MetadataBuilder, SeqState
 from spyre_verify.checks.disagreement import Disagreement, Shape, rungs_of
-from spyre_verify.checks.ragged_probe import probe_ragged, probes, step_probes
+from spyre_verify.checks.ragged_probe import probe_ragged
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import Ladders, ceil_div, chunked_key, decode_key, ladders, prefill_key
 
@@ -143,12 +143,25 @@ def _shape_on(lad: Ladders, dim: str, rung: int) -> Shape:
     return ("decode", 1, (rung - 1) * lad.block_size)
 
 
-def probe_count(config: RuntimeConfig) -> int:
-    """How many shapes (ragged: calls and steps) `probe_builder` builds for `config`."""
-    lad = ladders(config)
-    if lad.ragged:
-        return sum(1 for _ in probes(None, lad, config.max_num_seqs)) + sum(1 for _ in step_probes(None, lad))
-    return config.max_model_len * (config.max_num_seqs + 1)
+class Counted:
+    """A builder whose build calls are counted: ladder agreement reports the shapes it probed, not
+    the shapes it planned to (a probe that stopped at a builder error probed fewer)."""
+
+    BUILDS = ("build_prefill", "build_decode", "build_attend", "build_chunked", "build_step")
+
+    def __init__(self, builder: Any) -> None:
+        self._builder, self.built = builder, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._builder, name)
+        if name not in self.BUILDS:
+            return attr
+
+        def build(*args: Any, **kwargs: Any) -> Any:
+            self.built += 1
+            return attr(*args, **kwargs)
+
+        return build
 
 
 # -- warmup, from the compile events ---------------------------------------------------------------
@@ -209,8 +222,10 @@ class LadderAgreement(Checker):
         if builder is None:
             self.judged_by = ("warmup_compiles",)
             return
-        self.probed = probe_count(c)
-        for d in probe_builder(builder, c):
+        counted = Counted(builder)
+        found = probe_builder(counted, c)  # type: ignore[arg-type]  # the builder, its builds counted
+        self.probed = counted.built
+        for d in found:
             self._flag(d)
 
     def on_compile(self, ev: CompileEvent) -> None:

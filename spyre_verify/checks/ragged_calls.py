@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runtime.bucketer import ATTEND, CHUNKED, Bucket
-from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, chunked_key
+from runtime.ragged_metadata import Call, ChunkedMetadata
+from spyre_verify.oracle.derive import Ladders, attend_key, batches, ceil_div, chunked_key
+
+__all__ = ["batched_rule", "batches", "call_key", "describe_call", "describe_runtime_call", "rows_of"]
 
 
 def call_key(lad: Ladders, kernel: str, seq_lens: Sequence[int], query_lens: Sequence[int]) -> Bucket | None:
@@ -28,16 +31,11 @@ def call_key(lad: Ladders, kernel: str, seq_lens: Sequence[int], query_lens: Seq
     return None
 
 
-def batches(lad: Ladders, rows: int) -> bool:
-    """Whether the contract runs `rows` decoding rows in one batched call."""
-    return lad.batched and rows >= lad.min_batched
-
-
 def batched_rule(lad: Ladders, rows: int) -> str:
     """The batched rule in words, for `rows` decoding rows."""
     if not lad.batched:
         return "batched decode is off: every row decodes in its own attend call"
-    call = "one chunked call" if rows >= lad.min_batched else "one attend call a row"
+    call = "one chunked call" if batches(lad, rows) else "one attend call a row"
     return f"the contract batches decodes from {lad.min_batched} rows, so {rows} decoding rows run in {call}"
 
 
@@ -52,3 +50,19 @@ def describe_call(kernel: str, seq_lens: Sequence[int], query_lens: Sequence[int
     if q == 1:
         return f"a one-token call at position {end - 1}"
     return f"a chunk of {q} tokens at positions {end - q}..{end - 1}"
+
+
+def rows_of(call: Call) -> tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """A runtime call object as its dispatch event says it: (kernel, request ids, seq_lens,
+    query_lens). The kernel is the call's own (a batched decode, or one row's call), not its
+    label, and a batched decode row computes one token."""
+    if isinstance(call, ChunkedMetadata):
+        return CHUNKED, call.request_ids, call.seq_lens, (1,) * call.num_seqs
+    return ATTEND, (call.request_id,), (call.seq_len,), (call.query_len,)
+
+
+def describe_runtime_call(call: Call) -> str:
+    """A runtime call object in plain words, with its bucket and requests: 'attend(1, 4) for
+    req-0: a one-token call at position 5'."""
+    kernel, ids, lens, qlens = rows_of(call)
+    return f"{call.bucket} for {', '.join(ids)}: {describe_call(kernel, lens, qlens)}"

@@ -33,6 +33,14 @@ def table_shape(bucket: Bucket) -> tuple[int, int]:
     return key.num_seqs, key.blocks_per_chunk * key.num_chunks
 
 
+def promised_slots(row: Sequence[int], seq_len: int, query_len: int, block_size: int) -> list[int]:
+    """DESIGN "KV writes" (ragged): a row's queries sit at positions seq_len - query_len ..
+    seq_len - 1, each written at `row[pos // bs] * bs + pos % bs`. A position past the row's
+    entries has no slot here: the table rule names that row."""
+    bs = block_size
+    return [row[p // bs] * bs + p % bs for p in range(seq_len - query_len, seq_len) if p // bs < len(row)]
+
+
 def spans(values: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> "0..2, 5": positions and slots as a reader scans them."""
     runs: list[list[int]] = []  # [first, last] of each run of consecutive values
@@ -107,7 +115,7 @@ class RaggedSteps:
                     )
                 )
             self.calls[rid] = (ev.bucket, sl, q, tuple(row))
-            self.writes += [(row[p // bs] * bs + p % bs, rid) for p in range(start, sl) if p // bs < len(row)]
+            self.writes += [(slot, rid) for slot in promised_slots(row, sl, q, bs)]
         return problems
 
     def allowed(self, ev: KVWriteEvent) -> Iterable[int]:

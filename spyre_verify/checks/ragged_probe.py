@@ -8,7 +8,9 @@ over every call shape, its picks against the oracle's keys (DESIGN "The ragged l
 - `build_chunked`: each row count (2 .. max_num_seqs) with each KV member, the widest row last,
   so a builder that reads the first row instead of the widest shows.
 - `build_step`: a decode beside a chunk of each query member (and a step of decodes alone), so a
-  step that rounds one call on another call's shape shows.
+  step that rounds one call on another call's shape shows; and steps of 2, 4 and the most
+  decoding rows, each held to the batched rule (one chunked call from the threshold up, one
+  attend call a row below it: `batched-rule`).
 
 The builder's ladders are read off its picks: KV and query rungs from the attend keys, num-seqs
 rungs from the chunked keys (a chunked key's table width is not a KV rung, so it gives none).
@@ -21,11 +23,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from runtime.bucketer import Bucket
+from runtime.bucketer import ATTEND, CHUNKED, Bucket
 from runtime.config import RuntimeConfig
-from runtime.ragged_metadata import AttendMetadata, RaggedSeq
+from runtime.ragged_metadata import RaggedSeq
 from spyre_verify.checks.disagreement import Disagreement, rungs_of
-from spyre_verify.checks.ragged_calls import call_key, describe_call
+from spyre_verify.checks.ragged_calls import batched_rule, batches, call_key, describe_call, rows_of
 from spyre_verify.oracle.derive import Ladders, ladders
 
 Probe = tuple[str, tuple[int, ...], tuple[int, ...], Callable[[], Any]]  # kernel, seq_lens, query_lens, build
@@ -70,14 +72,24 @@ def probes(builder: Any, lad: Ladders, max_num_seqs: int) -> Iterator[Probe]:
                 yield "chunked", ends, (1,) * n, functools.partial(_chunked, builder, rows)
 
 
-def step_probes(builder: Any, lad: Ladders) -> Iterator[tuple[str, list[RaggedSeq], RaggedSeq | None]]:
-    """One decoding row beside a chunk of each query member, and that row alone."""
+def step_probes(
+    builder: Any, lad: Ladders, max_num_seqs: int = 1
+) -> Iterator[tuple[str, list[RaggedSeq], RaggedSeq | None]]:
+    """One decoding row beside a chunk of each query member, and that row alone; then steps of 2, 4
+    and the most decoding rows, alone and beside a one-token chunk, so a builder that batches on
+    its own threshold (or never) shows against the batched rule."""
     bs, row = lad.block_size, _seq(1, 1, 1, lad.block_size)
     yield "a step of one decode alone", [row], None
     # A first chunk of q tokens needs ceil(q / bs) entries: a budget above the longest sequence
     # allows queries no KV rung holds, and no prompt that long exists.
     for q in (q for q in query_members(lad) if q <= lad.kv_blocks[-1] * bs):
         yield f"a step of one decode and {describe_call('attend', (q,), (q,))}", [row], _seq(0, q, q, bs)
+    for n in sorted(n for n in {2, 4, max_num_seqs - 1, max_num_seqs} if n >= 2):
+        rows = [_seq(i + 1, i + 2, 1, bs) for i in range(n)]  # row i has i + 1 cached: rows join a step apart
+        if n <= max_num_seqs and rows[-1].end <= lad.kv_blocks[-1] * bs:
+            yield f"a step of {n} decodes alone", rows, None
+        if n < max_num_seqs and rows[-1].end <= lad.kv_blocks[-1] * bs:
+            yield f"a step of {n} decodes and a one-token chunk", rows, _seq(0, 1, 1, bs)
 
 
 def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
@@ -101,18 +113,27 @@ def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
             expected.setdefault(dim, set()).add(r)
         if got != want:
             mismatches.append((what, got, want))
-    for what, decodes, chunk in step_probes(builder, lad):
-        for call in builder.build_step(decodes, chunk):
-            lens, qlens = _rows(call)
+    batched_off: list[Disagreement] = []
+    for what, decodes, chunk in step_probes(builder, lad, config.max_num_seqs):
+        calls = builder.build_step(decodes, chunk)
+        for call in calls:
+            _, _, lens, qlens = rows_of(call)
             want = call_key(lad, call.bucket.kernel, lens, qlens)
-            if call.bucket != want:
+            # A chunked call the batched rule does not allow has no key: the rule below names it.
+            if call.bucket != want and not (want is None and call.bucket.kernel == CHUNKED):
                 mismatches.append((f"{describe_call(call.bucket.kernel, lens, qlens)} in {what}", call.bucket, want))
+        kernels = [c.bucket.kernel for c in calls[: len(calls) - (chunk is not None)]]
+        due = [CHUNKED] if batches(lad, len(decodes)) else [ATTEND] * len(decodes)
+        if kernels != due and not batched_off:
+            msg = f"the builder ran {what} as {kernels} calls; {batched_rule(lad, len(decodes))}"
+            batched_off.append(Disagreement("batched-rule", "builder", "num_seqs", msg, calls[0].bucket, batch=what))
     rungs = {d: tuple(sorted(expected[d])) for d in lad.as_dict()}
     probed = dataclasses.replace(
         lad, kv_blocks=rungs["kv_blocks"], num_seqs=rungs["num_seqs"], query_tokens=rungs["query_tokens"]
     )
     truths = probed.as_dict().items()
     out = [_divergence(probed, d, seen[d], mismatches) for d, truth in truths if tuple(sorted(seen[d])) != truth]
+    out += batched_off
     if mismatches and not out:
         what, got, want = mismatches[0]
         msg = (
@@ -121,12 +142,6 @@ def probe_ragged(builder: Any, config: RuntimeConfig) -> list[Disagreement]:
         )
         out.append(Disagreement("key-mismatch", "builder", "bucket key", msg, got, batch=what))
     return out
-
-
-def _rows(call: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    if isinstance(call, AttendMetadata):
-        return (call.seq_len,), (call.query_len,)
-    return tuple(call.seq_lens), (1,) * len(call.seq_lens)
 
 
 def _divergence(

@@ -131,20 +131,41 @@ def sibling_clean_pass(config: RuntimeConfig, work: list[Item], runtime: str) ->
     return serving_pass(config.with_(backend=CONTROL_BACKEND), work, runtime)
 
 
+@dataclass
+class Plan:
+    """What one `check` runs, decided before any pass starts."""
+
+    args: argparse.Namespace
+    config: RuntimeConfig
+    rt: Any  # the runtime's probe (`runtimes.Probe`)
+    catalog: dict[str, str]
+    names: list[str]  # the faults this run seeds
+    name: str  # the reports' base name
+    work: list[Item]
+    on: RuntimeConfig  # the kill table's config: the checked one, or a smaller sibling
+    on_work: list[Item]
+    why: str | None  # why the kill table runs on a sibling (None: on the checked config)
+    per_seq: bool  # whether the per-sequence pass runs
+
+
 def run(args: argparse.Namespace) -> int:
+    plan, done = plan_run(args)
+    try:
+        run_passes(plan, done)
+    except KeyboardInterrupt:
+        path = write_partial(args.out, plan.name, plan.config, args.fault, done)
+        raise KeyboardInterrupt(f"partial report in {path}") from None
+    p = report(plan, done)
+    publish(plan, p)
+    if args.expect_finding:
+        return expected_findings(p, args.expect_finding)
+    return 0 if p["verdict"] == "pass" else 1
+
+
+def plan_run(args: argparse.Namespace) -> tuple[Plan, Done]:
+    """Config, runtime and catalog, each refused with one line before any work."""
     config = config_from_args(args)  # before the run's modules load torch: a bad value is answered at once
-    from spyre_verify.controls import (
-        catalog_workers,
-        collect_rows,
-        controls_config,
-        fault_catalog,
-        foreign_workers,
-        kill_table,
-        run_fault,
-        submit_faults,
-        worker_pool,
-    )
-    from spyre_verify.session import verify
+    from spyre_verify.controls import controls_config, fault_catalog
 
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
@@ -152,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown fault {args.fault!r}; choose one of: {', '.join(catalog) or '(none)'}")
     tune_process()
     work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
-    name = f"check-{args.fault}" if args.fault else "check"
     done = Done(faults=len(catalog), controls_not_run=catalog_not_run(args, rt.name, rt.bundled, catalog))
     names = list(catalog) if not (args.fault or args.no_controls) else []
     if not args.fault and "per_sequence_decode" not in rt.capabilities:
@@ -163,78 +183,109 @@ def run(args: argparse.Namespace) -> int:
     on, why = controls_config(config) if names and rt.bundled else (config, None)
     on_work = work if why is None else seeded_workload(on, args.requests, args.seed, endings=True)
     done.controls_config = {"max_model_len": on.max_model_len, "why": why} if why else None
-    # A large config's fault runs, and its per-sequence pass, each take minutes: they run in worker
-    # processes beside the main pass, one a core, instead of after it.
+    name = f"check-{args.fault}" if args.fault else "check"
+    return Plan(args, config, rt, catalog, names, name, work, on, on_work, why, per_seq), done
+
+
+def run_passes(plan: Plan, done: Done) -> None:
+    """The main pass, the per-sequence pass and the kill table: beside one another in worker
+    processes at a large config (each takes minutes there), one after another otherwise."""
+    from spyre_verify.controls import catalog_workers, foreign_workers, submit_faults, worker_pool
+
+    rt, names = plan.rt, plan.names
     workers = (
-        (catalog_workers(config, len(names)) if rt.bundled else foreign_workers(rt.target, len(names))) if names else 1
+        (catalog_workers(plan.config, len(names)) if rt.bundled else foreign_workers(rt.target, len(names)))
+        if names
+        else 1
     )
     pool = worker_pool(workers) if workers > 1 else None
     started = time.perf_counter()
-    try:
-        with pool or contextlib.nullcontext():
-            beside = pool.submit(per_sequence_pass, config, work, rt.target) if pool and per_seq else None
-            pending = submit_faults(pool, on, tuple(on_work), names, rt.target, catalog) if pool else {}
-            sibling = pool.submit(sibling_clean_pass, on, on_work, rt.target) if pool and why else None
-            if pool:
-                say(
-                    f"beside the main pass, in {workers} worker processes: {len(names)} faults"
-                    + (" and the per-sequence pass" if per_seq else "")
-                )
-            if args.fault:
-                about = faults.get(args.fault).description if rt.bundled else f"caught by {catalog[args.fault]}"
-                say(f"running under fault {args.fault}: {about}")
-                done.result = run_fault(config, args.fault, work, progress=say, runtime=rt.target)
-            else:
-                done.result = verify(config, workload=work, progress=say, runtime=rt.target)
-            if done.per_seq_not_run:
-                say(f"per-sequence pass not run: {done.per_seq_not_run}")
-            elif per_seq:
-                done.stage = "the per-sequence pass"
-                say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
-                done.per_seq = beside.result() if beside else per_sequence_pass(config, work, rt.target, say)
-            if not args.fault and not args.no_controls and not catalog:
-                say(f"fault catalog not run: {done.controls_not_run}")
-            if names:
-                say(f"fault catalog: {len(catalog)} faults, each in a fresh compile state")
-                if why:
-                    say(f"fault catalog at max_model_len {on.max_model_len}: {why}")
-                    done.sibling_clean = sibling.result() if sibling else sibling_clean_pass(on, on_work, rt.target)
-                done.stage = "the fault catalog"
-                t0 = started if pool else time.perf_counter()
-                if pool:
-                    collect_rows(pool, pending, names, done.rows, say)
-                else:
-                    kill_table(on, on_work, progress=say, rows=done.rows, runtime=rt.target, catalog=catalog)
-                done.catalog_seconds = time.perf_counter() - t0
-    except KeyboardInterrupt:
-        path = write_partial(args.out, name, config, args.fault, done)
-        raise KeyboardInterrupt(f"partial report in {path}") from None
+    with pool or contextlib.nullcontext():
+        beside = pool.submit(per_sequence_pass, plan.config, plan.work, rt.target) if pool and plan.per_seq else None
+        pending = submit_faults(pool, plan.on, tuple(plan.on_work), names, rt.target, plan.catalog) if pool else {}
+        sibling = pool.submit(sibling_clean_pass, plan.on, plan.on_work, rt.target) if pool and plan.why else None
+        if pool:
+            extra = " and the per-sequence pass" if plan.per_seq else ""
+            say(f"beside the main pass, in {workers} worker processes: {len(names)} faults{extra}")
+        main_pass(plan, done)
+        second_pass(plan, done, beside)
+        if names:
+            catalog_pass(plan, done, pool, pending, sibling, started)
+
+
+def main_pass(plan: Plan, done: Done) -> None:
+    from spyre_verify.controls import run_fault
+    from spyre_verify.session import verify
+
+    args, rt = plan.args, plan.rt
+    if args.fault:
+        about = faults.get(args.fault).description if rt.bundled else f"caught by {plan.catalog[args.fault]}"
+        say(f"running under fault {args.fault}: {about}")
+        done.result = run_fault(plan.config, args.fault, plan.work, progress=say, runtime=rt.target)
+    else:
+        done.result = verify(plan.config, workload=plan.work, progress=say, runtime=rt.target)
+
+
+def second_pass(plan: Plan, done: Done, beside: Any) -> None:
+    """The per-sequence pass (or why it did not run), and why the catalog did not, where it did not."""
+    if done.per_seq_not_run:
+        say(f"per-sequence pass not run: {done.per_seq_not_run}")
+    elif plan.per_seq:
+        done.stage = "the per-sequence pass"
+        say("per-sequence pass: the same traffic with batched decode off (SPYRE_BATCHED_DECODE=0)")
+        done.per_seq = beside.result() if beside else per_sequence_pass(plan.config, plan.work, plan.rt.target, say)
+    if not plan.args.fault and not plan.args.no_controls and not plan.catalog:
+        say(f"fault catalog not run: {done.controls_not_run}")
+
+
+def catalog_pass(plan: Plan, done: Done, pool: Any, pending: Any, sibling: Any, started: float) -> None:
+    from spyre_verify.controls import collect_rows, kill_table
+
+    say(f"fault catalog: {len(plan.catalog)} faults, each in a fresh compile state")
+    if plan.why:
+        say(f"fault catalog at max_model_len {plan.on.max_model_len}: {plan.why}")
+        done.sibling_clean = sibling.result() if sibling else sibling_clean_pass(plan.on, plan.on_work, plan.rt.target)
+    done.stage = "the fault catalog"
+    t0 = started if pool else time.perf_counter()
+    if pool:
+        collect_rows(pool, pending, plan.names, done.rows, say)
+    else:
+        kill_table(plan.on, plan.on_work, progress=say, rows=done.rows, runtime=plan.rt.target, catalog=plan.catalog)
+    done.catalog_seconds = time.perf_counter() - t0
+
+
+def report(plan: Plan, done: Done) -> dict[str, Any]:
+    """The report's payload: the passes, the kill table and what did not run, the reproducer."""
+    args, rt = plan.args, plan.rt
     assert done.result is not None  # every path above sets it or raised
-    p = payload(done.result, done.rows if names else None, done.per_seq)
+    p = payload(done.result, done.rows if plan.names else None, done.per_seq)
     if done.per_seq_not_run:
         p["per_sequence_pass"] = {"verdict": "not run", "not_run": done.per_seq_not_run}
     p["interrupted"] = False
     p["phases"] = done.phases()
-    p["controls_not_applicable"] = faults.not_applicable(on) if rt.bundled and p["controls"] is not None else {}
+    p["controls_not_applicable"] = faults.not_applicable(plan.on) if rt.bundled and p["controls"] is not None else {}
     p["controls_config"] = controls_payload(done)
     p["controls_not_run"] = done.controls_not_run
     if done.sibling_clean is not None and not done.sibling_clean.ok:
         p["verdict"] = "fail"
     # A --fault run's findings are the seeded fault's: `check --fault NAME` is their reproducer.
     found = done.result.violations and not args.fault
-    p["reproducer"] = write_reproducer(args.out, name, done.result, rt.target) if found else None
+    p["reproducer"] = write_reproducer(args.out, plan.name, done.result, rt.target) if found else None
     crashes = tracebacks_of(done.result.checkers) + (done.per_seq.tracebacks if done.per_seq else [])
-    p["runtime_crash"] = crashed = crash_report(args.out, name, crashes)
-    write_json(args.out / f"{name}.json", p)
-    write_atomic(args.out / f"{name}.md", markdown(p))
-    print(json.dumps(p, indent=2) if args.json else markdown(p))
-    say(f"reports: {args.out / (name + '.json')}, {args.out / (name + '.md')}")
-    if crashed:
-        say(f"the runtime crashed; its traceback is in {crashed['file']}")
+    p["runtime_crash"] = crash_report(args.out, plan.name, crashes)
+    return p
+
+
+def publish(plan: Plan, p: dict[str, Any]) -> None:
+    """Write both reports, print one, and say where they are and the verdict."""
+    out, name = plan.args.out, plan.name
+    write_json(out / f"{name}.json", p)
+    write_atomic(out / f"{name}.md", markdown(p))
+    print(json.dumps(p, indent=2) if plan.args.json else markdown(p))
+    say(f"reports: {out / (name + '.json')}, {out / (name + '.md')}")
+    if p["runtime_crash"]:
+        say(f"the runtime crashed; its traceback is in {p['runtime_crash']['file']}")
     say(verdict_line(p))
-    if args.expect_finding:
-        return expected_findings(p, args.expect_finding)
-    return 0 if p["verdict"] == "pass" else 1
 
 
 def catalog_not_run(args: argparse.Namespace, name: str, bundled: bool, catalog: dict[str, str]) -> str | None:

@@ -37,14 +37,8 @@ class Lockstep:
         self.stops: dict[str, int] = {}
 
     def on_add(self, request_id: str | None, op: Op) -> None:
-        reason = self.model.reject_reason(op.prompt_len, op.max_tokens)
-        if self.gate is None and (request_id is None) != (reason is not None):
-            what = f"a request of {op.prompt_len} prompt tokens with max_tokens={op.max_tokens}"
-            self.gate = (
-                ("wrongly-rejected", f"{what} was rejected, but DESIGN accepts it")
-                if request_id is None
-                else ("wrongly-accepted", f"{what} was accepted as {request_id}, but DESIGN rejects it: {reason}")
-            )
+        if self.gate is None:
+            self.gate = gate_slip(request_id, op, self.model.reject_reason(op.prompt_len, op.max_tokens))
         if request_id is not None:
             self.model.add(request_id, op.prompt_len, op.max_tokens)
             if op.stop and op.via != "ignored-eos":
@@ -77,19 +71,11 @@ class Lockstep:
     def on_abort(self, sched: Scheduler, a: AbortPoint) -> None:
         if self.first is not None:
             return
-        m = self.model
-        where = f"abort of {a.request_id}" + (f" (add #{a.ref})" if a.ref >= 0 else " at the end of the trace")
-        why = m.abort_refusal(a.request_id)
-        if (a.error is None) != (why is None):
-            self.first = (
-                ("wrongly-refused-abort", f"{where} was refused ({a.error}), but DESIGN ends it", None)
-                if a.error is not None
-                else ("wrongly-accepted-abort", f"{where} succeeded, but DESIGN refuses it: {why}", None)
-            )
+        m, where = self.model, abort_where(a)
+        if slip := abort_slip(a, m.abort_refusal(a.request_id)):
+            self.first = (*slip, None)
             return
         if a.error is not None:
-            if a.changed:
-                self.first = ("abort-changed-state", f"{where} was refused ({a.error}) but changed the scheduler", None)
             return
         if leak := abort_leak(sched, a):
             self.first = ("block-leak", f"after the {where}: {leak}", None)
@@ -114,6 +100,35 @@ class Lockstep:
             kind, msg, point = self.first
             out.append(Finding.of(w, "dispatch", kind, msg, None, point, state.ops))
         return out
+
+
+def gate_slip(request_id: str | None, op: Op, reason: str | None) -> tuple[str, str] | None:
+    """The add gate, in either layout: an add is refused exactly when DESIGN refuses it (`reason`,
+    the contract model's); (kind, message) when the runtime did otherwise."""
+    if (request_id is None) == (reason is not None):
+        return None
+    what = f"a request of {op.prompt_len} prompt tokens with max_tokens={op.max_tokens}"
+    if request_id is None:
+        return "wrongly-rejected", f"{what} was rejected, but DESIGN accepts it"
+    return "wrongly-accepted", f"{what} was accepted as {request_id}, but DESIGN rejects it: {reason}"
+
+
+def abort_where(a: AbortPoint) -> str:
+    return f"abort of {a.request_id}" + (f" (add #{a.ref})" if a.ref >= 0 else " at the end of the trace")
+
+
+def abort_slip(a: AbortPoint, why: str | None, where: str = "") -> tuple[str, str] | None:
+    """The abort gate, in either layout: an abort is refused exactly when DESIGN refuses it (`why`,
+    the contract model's), and a refusal changes nothing; (kind, message) when the runtime did
+    otherwise. `where` names the abort (default: by its add in the trace)."""
+    where = where or abort_where(a)
+    if a.error is not None and why is None:
+        return "wrongly-refused-abort", f"{where} was refused ({a.error}), but DESIGN ends it"
+    if a.error is None and why is not None:
+        return "wrongly-accepted-abort", f"{where} succeeded, but DESIGN refuses it: {why}"
+    if a.error is not None and a.changed:
+        return "abort-changed-state", f"{where} was refused ({a.error}) but changed the scheduler"
+    return None
 
 
 def stopping(m: ContractModel, stops: dict[str, int]) -> set[str]:

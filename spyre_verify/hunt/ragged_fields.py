@@ -7,6 +7,7 @@ from typing import Any
 
 from runtime.config import ENV_QUERY_BUCKETS
 from spyre_verify.hunt.tape import Draw, choices
+from spyre_verify.oracle.derive import budget
 
 
 def draw_ragged_fields(
@@ -24,7 +25,7 @@ def draw_ragged_fields(
         kwargs["max_num_batched_tokens"] = ch.between(S, max(S, L + 2))
     if ch.flag():
         kwargs["batched_decode_entries"] = ch.between(1, 4)
-    T = kwargs.get("max_num_batched_tokens") or max(min(L, 2048), S)
+    T = budget(kwargs.get("max_num_batched_tokens"), L, S)
     if T > 1 and ch.flag():
         rungs: set[int] = set()
         while len(rungs) < 4 and (r := ch.between(0, T - 1)) > 1:

@@ -19,11 +19,12 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
-from runtime.ragged_metadata import Call, ChunkedMetadata
+from runtime.ragged_metadata import Call
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import Request
+from spyre_verify.checks.ragged_calls import rows_of
 from spyre_verify.hunt.findings import Finding
-from spyre_verify.hunt.lockstep import abort_leak
+from spyre_verify.hunt.lockstep import abort_leak, abort_slip, abort_where
 from spyre_verify.hunt.replay import AbortPoint, Op
 from spyre_verify.oracle.ragged_model import RaggedModel
 
@@ -39,10 +40,8 @@ def call_rows(calls: Sequence[Call]) -> list[tuple[str, int, int]]:
     query tokens, seq_len); a batched decode row computes one token."""
     out: list[tuple[str, int, int]] = []
     for c in calls:
-        if isinstance(c, ChunkedMetadata):
-            out += [(rid, 1, n) for rid, n in zip(c.request_ids, c.seq_lens, strict=True)]
-        else:
-            out.append((c.request_id, c.query_len, c.seq_len))
+        _, ids, lens, queries = rows_of(c)
+        out += zip(ids, queries, lens, strict=True)
     return out
 
 
@@ -161,23 +160,10 @@ class RaggedLockstep:
             return
         m = self.model
         self.queued = {r.request_id for r in sched.waiting}
-        where = f"abort of {a.request_id}" + (f" (add #{a.ref})" if a.ref >= 0 else " at the end of the trace")
-        why = m.abort_refusal(a.request_id)
-        if (a.error is None) != (why is None):
-            self.first = (
-                ("wrongly-refused-abort", f"{where} was refused ({a.error}), but DESIGN ends it", None, "abort")
-                if a.error is not None
-                else ("wrongly-accepted-abort", f"{where} succeeded, but DESIGN refuses it: {why}", None, "abort")
-            )
+        if slip := abort_slip(a, m.abort_refusal(a.request_id)):
+            self.first = (*slip, None, "abort")
             return
         if a.error is not None:
-            if a.changed:
-                self.first = (
-                    "abort-changed-state",
-                    f"{where} was refused ({a.error}) but changed the scheduler",
-                    None,
-                    "abort",
-                )
             return
         if abort_leak(sched, a):  # type: ignore[arg-type]
             self.halted = True  # `RaggedState.leak` names it; the free count would only repeat it
@@ -185,7 +171,7 @@ class RaggedLockstep:
         m.abort(a.request_id)
         if diffs := abort_differences(m, sched, a.request_id):
             rule, message = diffs[0]
-            self.first = ("divergence", f"after the {where}: rule {rule!r}: {message}", None, rule)
+            self.first = ("divergence", f"after the {abort_where(a)}: rule {rule!r}: {message}", None, rule)
 
     def findings(self, w: World, state: RaggedState) -> list[Finding]:
         if self.first is None:

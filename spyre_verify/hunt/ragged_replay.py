@@ -15,11 +15,13 @@ from typing import Any, Protocol
 
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from runtime.ragged_metadata import Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
+from runtime.ragged_metadata import Call, RaggedBuilder, RaggedSeq
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import Request
-from spyre_verify.hunt.lockstep import abort_leak, empty_pool_leak
-from spyre_verify.hunt.replay import AbortPoint, Op
+from spyre_verify.checks.ragged_calls import describe_runtime_call
+from spyre_verify.hunt.lockstep import abort_leak, abort_where, empty_pool_leak, gate_slip
+from spyre_verify.hunt.replay import AbortPoint, Op, abort_once
+from spyre_verify.oracle.ragged_model import add_refusal
 from spyre_verify.sim import STAND_IN, Sim
 
 
@@ -38,16 +40,12 @@ class RaggedPoint:
             {"request_id": s.request_id, "start": s.start, "query_len": s.query_len, "blocks": list(s.blocks)}
             for s in self.rows
         ]
-        return {"step": self.index, "kind": self.kind, "rows": rows, "calls": [describe_call(c) for c in self.calls]}
-
-
-def describe_call(call: Call) -> str:
-    """A call in plain words: its bucket and its rows (request, positions attended, queries)."""
-    if isinstance(call, ChunkedMetadata):
-        rows = ", ".join(f"{r} at {n} positions" for r, n in zip(call.request_ids, call.seq_lens, strict=True))
-        return f"{call.bucket} over {call.num_seqs} decoding row(s) ({rows})"
-    q = call.query_len
-    return f"{call.bucket} for {call.request_id}: {q} quer{'y' if q == 1 else 'ies'} at positions {call.start}..{call.seq_len - 1}"
+        return {
+            "step": self.index,
+            "kind": self.kind,
+            "rows": rows,
+            "calls": [describe_runtime_call(c) for c in self.calls],
+        }
 
 
 @dataclass
@@ -98,15 +96,6 @@ class RaggedWatch(Protocol):
         """An abort ran, or was refused (`point.error`)."""
 
 
-def add_refusal(config: RuntimeConfig, op: Op) -> str | None:
-    """DESIGN "Add." (ragged): a request with p + max_tokens > L can never run and is refused."""
-    if op.max_tokens < 1:
-        return f"max_tokens={op.max_tokens} generates nothing"
-    if op.prompt_len + op.max_tokens > config.max_model_len:
-        return f"{op.prompt_len} + {op.max_tokens} tokens exceed max_model_len={config.max_model_len}"
-    return None
-
-
 def replay_ragged(
     config: RuntimeConfig, events: Sequence[Op], builder: RaggedBuilder, watch: RaggedWatch | None = None
 ) -> RaggedState:
@@ -126,14 +115,8 @@ def replay_ragged(
             ids.append(rid)
             if rid is not None and op.stop:
                 tokens.stops[rid] = (op.stop, op.stop_token)
-            why = add_refusal(config, op)
-            if out.gate is None and (rid is None) != (why is not None):
-                what = f"a request of {op.prompt_len} prompt tokens with max_tokens={op.max_tokens}"
-                out.gate = (
-                    ("wrongly-rejected", f"{what} was rejected, but DESIGN accepts it")
-                    if rid is None
-                    else ("wrongly-accepted", f"{what} was accepted as {rid}, but DESIGN rejects it: {why}")
-                )
+            if out.gate is None:
+                out.gate = gate_slip(rid, op, add_refusal(config.max_model_len, op.prompt_len, op.max_tokens))
             if watch is not None:
                 watch.on_add(rid, op)
         elif op.kind == "abort":
@@ -165,28 +148,13 @@ def _stop_args(op: Op) -> tuple[tuple[int, ...], bool]:
     return tuple(kw.get("stop_token_ids", ())), bool(kw.get("ignore_eos", False))
 
 
-def abort_ragged(sched: RaggedScheduler, request_id: str, ref: int = -1) -> AbortPoint:
-    """`sched.abort(request_id)`, recording what the pool held for the request first (a
-    prefilling request's blocks too) and whether a refusal changed anything."""
-    before = sched.snapshot()
-    pool = sched.pool
-    blocks = next((tuple(r.blocks) for r in sched.in_flight() if r.request_id == request_id), ())
-    reserved, free = pool.reserved(request_id), pool.num_free
-    try:
-        sched.abort(request_id)
-    except RequestError as e:
-        return AbortPoint(ref, request_id, str(e), blocks, reserved, free, sched.snapshot() != before)
-    return AbortPoint(ref, request_id, None, blocks, reserved, free, False)
-
-
 def _abort(sched: RaggedScheduler, request_id: str, ref: int, out: RaggedState, watch: RaggedWatch | None) -> None:
-    """`abort_ragged`, keeping the first leak an abort that succeeded leaves."""
-    a = abort_ragged(sched, request_id, ref)
+    """`abort_once`, keeping the first leak an abort that succeeded leaves."""
+    a = abort_once(sched, request_id, ref)
     out.aborts.append(a)
     if watch is not None:
         watch.on_abort(sched, a)
     if a.error is not None:
         return
     if out.leak is None and (leak := abort_leak(sched, a)):  # type: ignore[arg-type]
-        where = f"abort of {request_id}" + (f" (add #{ref})" if ref >= 0 else " at the end of the trace")
-        out.leak = f"after the {where}: {leak}"
+        out.leak = f"after the {abort_where(a)}: {leak}"

@@ -19,6 +19,7 @@ from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
+from runtime.ragged_scheduler import RaggedScheduler
 from runtime.scheduler import Scheduler, StepPlan
 from spyre_verify.sim import STAND_IN, Sim, stand_ins
 
@@ -163,11 +164,14 @@ def step_once(sched: Scheduler, index: int, tokens: Callable[[StepPlan], list[in
     return StepPoint(index, plan.kind, md.tkv, plan.rows, owners, finished, md, reasons)
 
 
-def abort_once(sched: Scheduler, request_id: str, ref: int = -1) -> AbortPoint:
-    """`sched.abort(request_id)`, recording the pool before it and whether a refusal changed anything."""
+def abort_once(sched: Scheduler | RaggedScheduler, request_id: str, ref: int = -1) -> AbortPoint:
+    """`sched.abort(request_id)`, in either layout, recording the pool before it (the blocks of a
+    running request, or of one still prefilling) and whether a refusal changed anything."""
     before = sched.snapshot()
     pool = sched.pool
-    blocks = next((tuple(r.blocks) for r in sched.running if r.request_id == request_id), ())
+    in_flight = getattr(sched, "in_flight", None)  # a ragged scheduler's: its prefilling request too
+    live = in_flight() if in_flight is not None else sched.running
+    blocks = next((tuple(r.blocks) for r in live if r.request_id == request_id), ())
     reserved, free = pool.reserved(request_id), pool.num_free
     try:
         sched.abort(request_id)

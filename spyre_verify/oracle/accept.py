@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spyre_verify.oracle.derive import budget, ceil_div
+
 ENV_KV = "SPYRE_ATTN_KV_BUCKETS"
 ENV_BATCHED = "SPYRE_BATCHED_DECODE"
 ENV_BACKEND = "SPYRE_DYNAMO_BACKEND"
@@ -174,7 +176,7 @@ def config_problem(kwargs: Mapping[str, object], env: Mapping[str, str]) -> str 
     # token) needs bs + 1 <= L, so with bs >= L no request could ever be served.
     if bs >= L:
         return f"block_size={bs} leaves no room for any request under max_model_len={L}"
-    per_seq = -(-L // bs)
+    per_seq = ceil_div(L, bs)
     if per_seq > MAX_SEQ_BLOCKS:
         return f"max_model_len={L} needs {per_seq} blocks a sequence, above {MAX_SEQ_BLOCKS}"
     if not _count(S) or S > MAX_SEQS:  # type: ignore[operator]
@@ -229,9 +231,8 @@ def _layout_problem(s: Mapping[str, object], L: int, S: int) -> str | None:
     E = s["batched_decode_entries"]
     if E is not None and not _count(E):
         return f"batched_decode_entries={E!r} is not a positive integer"
-    budget = max(min(L, 2048), S) if T is None else T
     q = s["query_buckets"]
-    return None if q is None else _query_problem(q, budget)  # type: ignore[arg-type]
+    return None if q is None else _query_problem(q, budget(T, L, S))  # type: ignore[arg-type]
 
 
 def _query_problem(q: object, T: int) -> str | None:

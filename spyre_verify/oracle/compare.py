@@ -12,6 +12,7 @@ row), "reservation" (blocks held plus promised, and the pool's free count), "abo
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ class StateJudge:
     tkv: int
     reserved: int
     rows: list[Any]  # ModelRow
-    waiting: Sequence[Any]  # Pending, arrival order
+    waiting: deque[Any]  # Pending, arrival order
     last: Any  # ModelStep
 
     def real_blocks(self, row: Any) -> int:

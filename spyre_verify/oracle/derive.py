@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.bucketer import (
@@ -41,6 +42,10 @@ def doubling(start: int, top: int) -> tuple[int, ...]:
     return (*out, top)
 
 
+# DESIGN "Config." (ragged): E, the batched kernel's entry target, when the config leaves it unset.
+DEFAULT_ENTRIES = 32
+
+
 @dataclass(frozen=True)
 class Ladders:
     block_size: int
@@ -53,7 +58,7 @@ class Ladders:
     # batched kernel's entry target E; a ragged config has no prefill ladder.
     ragged: bool = False
     query_tokens: tuple[int, ...] = ()
-    entries: int = 32
+    entries: int = DEFAULT_ENTRIES
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
         if self.ragged:
@@ -82,16 +87,20 @@ def is_ragged(c: RuntimeConfig) -> bool:
     return c.layout == "ragged"
 
 
+def budget(T: int | None, max_model_len: int, max_num_seqs: int) -> int:
+    """DESIGN "Config." (ragged): the step token budget, T when set, else max(min(L, 2048), S). From
+    the raw values, for the callers that hold no config yet (validation, the hunt's draws)."""
+    return max(min(max_model_len, 2048), max_num_seqs) if T is None else T
+
+
 def token_budget(c: RuntimeConfig) -> int:
     """DESIGN "Config." (ragged): T, the set value, else max(min(max_model_len, 2048), max_num_seqs)."""
-    if c.max_num_batched_tokens is not None:
-        return c.max_num_batched_tokens
-    return max(min(c.max_model_len, 2048), c.max_num_seqs)
+    return budget(c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs)
 
 
 def decode_entries(c: RuntimeConfig) -> int:
     """DESIGN "Config." (ragged): E, the batched kernel's entry target, default 32."""
-    return 32 if c.batched_decode_entries is None else c.batched_decode_entries
+    return DEFAULT_ENTRIES if c.batched_decode_entries is None else c.batched_decode_entries
 
 
 def query_ladder(T: int, override: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -135,11 +144,13 @@ def usable_blocks(c: RuntimeConfig) -> int:
 
 
 def config_values(c: RuntimeConfig) -> dict[str, int]:
-    """Every derived pool and limit value, named as the runtime's config names them."""
-    out = {"total_blocks": pool_blocks(c), "usable_blocks": usable_blocks(c), "batch_tkv_limit": batch_tkv_limit(c)}
+    """Every derived pool and limit value of the config's layout, named as the runtime's config
+    names them: the pool, then the volumetric limit (padded) or T and E (ragged; the volumetric
+    limit is a padded-layout setting)."""
+    out = {"total_blocks": pool_blocks(c), "usable_blocks": usable_blocks(c)}
     if is_ragged(c):
-        out |= {"token_budget": token_budget(c), "decode_entries": decode_entries(c)}
-    return out
+        return out | {"token_budget": token_budget(c), "decode_entries": decode_entries(c)}
+    return out | {"batch_tkv_limit": batch_tkv_limit(c)}
 
 
 def rung(ladder: tuple[int, ...], size: int) -> int | None:
@@ -158,7 +169,7 @@ def decode_key(lad: Ladders, seqs: int, tkv: int) -> Bucket | None:
     kv = rung(lad.kv_blocks, decode_blocks(lad.block_size, tkv))
     if kv is None:
         return None
-    if not lad.batched or seqs < lad.min_batched:
+    if not batches(lad, seqs):
         return _decode(kv)
     n = rung(lad.num_seqs, seqs)
     if n is None:
@@ -189,14 +200,26 @@ def chunked_key(lad: Ladders, seqs: int, blocks: int) -> Bucket | None:
     return _chunked(n, bpc, ceil_div(kv, bpc))
 
 
-def ragged_decode_keys(lad: Ladders, blocks: tuple[int, ...]) -> tuple[Bucket | None, ...]:
-    """Ragged: the calls a step's decodes dispatch, rows needing `blocks` entries each: one batched
-    call when batched decode is on and there are enough rows, else one per-sequence call a row."""
-    if not blocks:
-        return ()
-    if lad.batched and len(blocks) >= lad.min_batched:
-        return (chunked_key(lad, len(blocks), max(blocks)),)
-    return tuple(attend_key(lad, m, 1) for m in blocks)
+def batches(lad: Ladders, rows: int) -> bool:
+    """Whether the contract runs `rows` decoding rows in one batched call (in either layout):
+    batched decode is on and there are at least `min_batched` rows; else one call a row."""
+    return lad.batched and rows >= lad.min_batched
+
+
+def ragged_step_keys(
+    lad: Ladders, decode_lens: Sequence[int], chunk: tuple[int, int] | None = None
+) -> tuple[Bucket | None, ...]:
+    """Ragged: the calls one step dispatches, in order. Its decodes, rows attending `decode_lens`
+    positions each (the new token included), in one batched call from the threshold up, else one
+    per-sequence call a row; then the chunk, `(seq_len, query_len)`, in a per-sequence call."""
+    bs = lad.block_size
+    blocks = [ceil_div(n, bs) for n in decode_lens]
+    keys: tuple[Bucket | None, ...] = ()
+    if blocks and batches(lad, len(blocks)):
+        keys = (chunked_key(lad, len(blocks), max(blocks)),)
+    elif blocks:
+        keys = tuple(attend_key(lad, m, 1) for m in blocks)
+    return keys if chunk is None else (*keys, attend_key(lad, ceil_div(chunk[0], bs), chunk[1]))
 
 
 def key_space(c: RuntimeConfig) -> frozenset[Bucket]:

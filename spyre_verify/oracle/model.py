@@ -43,6 +43,15 @@ from spyre_verify.oracle.derive import batch_tkv_limit, ceil_div, usable_blocks
 RECENT = 256  # ended request ids a model remembers, to tell an abort of an ended request from a stranger's
 
 
+def request_refusal(prompt_len: int, max_tokens: int) -> str | None:
+    """DESIGN "Add.", in either layout: an empty prompt, or max_tokens below 1, is refused."""
+    if prompt_len < 1:
+        return "the prompt is empty"
+    if max_tokens < 1:
+        return f"max_tokens={max_tokens} is below 1"
+    return None
+
+
 @dataclass(slots=True)
 class ModelRow:
     request_id: str
@@ -81,8 +90,41 @@ IDLE = ModelStep("idle", None, 0, 0, 0, (), 0, ())
 DECODED = ("decode",)  # the rules of a decode step that ends and strips nothing
 
 
-class ContractModel(StateJudge):
+class Requests:
+    """The requests both layouts' models keep: the queue in arrival order, the live ones
+    (`known`), and the ids of the last RECENT that ended, so that an abort of an ended request is
+    told from a stranger's while a soak's model stays flat. Each model says who is `live`."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[Pending] = deque()
+        self.known: dict[str, Pending] = {}
+        self.ended: deque[str] = deque(maxlen=RECENT)
+        self.added = 0
+
+    def live(self, request_id: str) -> bool:
+        raise NotImplementedError
+
+    def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
+        pending = Pending(request_id, prompt_len, max_tokens)
+        self.known[request_id] = pending
+        self.added += 1
+        self.waiting.append(pending)
+
+    def forget(self, ended: Sequence[str]) -> None:
+        for rid in ended:
+            self.known.pop(rid, None)
+            self.ended.append(rid)
+
+    def abort_refusal(self, request_id: str) -> str | None:
+        """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
+        if self.live(request_id):
+            return None
+        return "it has ended" if request_id in self.ended else "no such request (or it ended long ago)"
+
+
+class ContractModel(Requests, StateJudge):
     def __init__(self, config: RuntimeConfig) -> None:
+        super().__init__()
         self.bs, self.L, self.S = config.block_size, config.max_model_len, config.max_num_seqs
         # Derived from the raw fields (DESIGN), not the runtime's `usable_blocks`: an off-by-one in the
         # runtime's pool arithmetic must show as a divergence, not move the model along with it.
@@ -92,20 +134,13 @@ class ContractModel(StateJudge):
         self.V: int | None = limit if limit < self.L * self.S else None
         self.tkv = 0
         self.rows: list[ModelRow] = []
-        self.waiting: deque[Pending] = deque()
-        # Live requests only, and the ids of the last RECENT that ended: a soak's model stays flat.
-        self.known: dict[str, Pending] = {}
-        self.ended: deque[str] = deque(maxlen=RECENT)
-        self.added = 0
         self.reserved = 0  # sum of the rows' reservations
         self.last: ModelStep = IDLE
 
     # -- requests --------------------------------------------------------------------------
     def reject_reason(self, prompt_len: int, max_tokens: int) -> str | None:
-        if prompt_len < 1:
-            return "the prompt is empty"
-        if max_tokens < 1:
-            return f"max_tokens={max_tokens} is below 1"
+        if why := request_refusal(prompt_len, max_tokens):
+            return why
         padded = ceil_div(prompt_len, self.bs) * self.bs
         if padded + max_tokens > self.L:
             return f"a prompt of {prompt_len} pads to {padded}; plus max_tokens={max_tokens} exceeds {self.L}"
@@ -113,14 +148,13 @@ class ContractModel(StateJudge):
             return f"its lone decode peak {padded + max_tokens - 1} exceeds max_batch_tkv_limit={self.V}"
         return None
 
-    def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
-        pending = Pending(request_id, prompt_len, max_tokens)
-        self.known[request_id] = pending
-        self.added += 1
-        self.waiting.append(pending)
-
     def has_work(self) -> bool:
         return bool(self.waiting or self.rows)
+
+    def live(self, request_id: str) -> bool:
+        return any(w.request_id == request_id for w in self.waiting) or any(
+            r.request_id == request_id for r in self.rows
+        )
 
     # -- one step ----------------------------------------------------------------------------
     def admission(self) -> tuple[int, int, int] | None:
@@ -207,17 +241,6 @@ class ContractModel(StateJudge):
         return self.last
 
     # -- abort ---------------------------------------------------------------------------------
-    def forget(self, ended: Sequence[str]) -> None:
-        for rid in ended:
-            self.known.pop(rid, None)
-            self.ended.append(rid)
-
-    def abort_refusal(self, request_id: str) -> str | None:
-        """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
-        if any(w.request_id == request_id for w in self.waiting) or any(r.request_id == request_id for r in self.rows):
-            return None
-        return "it has ended" if request_id in self.ended else "no such request (or it ended long ago)"
-
     def abort(self, request_id: str) -> ModelStep:
         """DESIGN Abort.: a waiting request leaves the queue; a running one returns its whole
         reservation and the strip applies at once (an emptied batch has tkv 0)."""

@@ -18,10 +18,12 @@ from the batched threshold up, else one attend call a row).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from runtime.events import PrefillState, RowState
+from spyre_verify.oracle.derive import Ladders, batches, ceil_div
 
 Call = tuple[str, int, int]  # (request, query tokens, seq_len) of one row of one kernel call
 
@@ -35,9 +37,9 @@ class RaggedJudge:
     reserved: int
     rows: list[Any]  # RaggedRow
     prefill: Any  # Prefilling | None
-    waiting: Sequence[Any]  # Pending, arrival order
+    waiting: deque[Any]  # Pending, arrival order
     last: Any  # RaggedStep
-    batched_from: int | None  # the fewest decoding rows the batched kernel takes; None: batched decode off
+    lad: Ladders  # the config's ladders: the batched rule (`derive.batches`) reads them
 
     def diff(self, *state: Any, **seen: Any) -> list[tuple[str, str]]:
         """How an engine's state after `last` differs from the model's; empty when it conforms."""
@@ -112,7 +114,7 @@ class RaggedJudge:
                         f"{m.request_id} cached/generated: engine {e.num_cached}/{e.generated}, contract {m.cached}/{m.generated}",
                     )
                 )
-            out += self._held(m.request_id, e.blocks, e.reserved, -(-m.cached // self.bs), m.reservation)
+            out += self._held(m.request_id, e.blocks, e.reserved, ceil_div(m.cached, self.bs), m.reservation)
         out += self._prefill(prefill)
         if tokens is not None and tuple(tokens) != s.token_rows:
             out.append(
@@ -181,7 +183,7 @@ class RaggedJudge:
                     f"{m.request_id} prompt tokens computed: engine {e.computed} of {e.prompt_len}, contract {m.computed} of {m.prompt_len}",
                 )
             )
-        return out + self._held(m.request_id, e.blocks, e.reserved, -(-m.computed // self.bs), m.reservation)
+        return out + self._held(m.request_id, e.blocks, e.reserved, ceil_div(m.computed, self.bs), m.reservation)
 
     def _calls(self, calls: list[Call]) -> list[tuple[str, str]]:
         """The step's kernel calls against the contract's: each row decodes one token at seq_len n + 1,
@@ -224,18 +226,17 @@ class RaggedJudge:
         return out
 
     def _batched(self, kernels: list[tuple[str, int]]) -> list[tuple[str, str]]:
-        """The decodes' calls against the batched rule: one chunked call of every decoding row when
-        batched decode is on and at least `batched_from` rows decode, else one attend call a row."""
+        """The decodes' calls against the batched rule (`derive.batches`): one chunked call of every
+        decoding row from the batched threshold up, else one attend call a row."""
         s = self.last
         d = len(s.decodes)
         decoding = kernels[: len(kernels) - (s.chunk is not None)]
-        batched = self.batched_from is not None and d >= self.batched_from
-        want = [("chunked", d)] if batched and d else [("attend", 1)] * d
+        want = [("chunked", d)] if d and batches(self.lad, d) else [("attend", 1)] * d
         if decoding == want:
             return []
         rule = (
-            f"batched decode from {self.batched_from} rows"
-            if self.batched_from is not None
+            f"batched decode from {self.lad.min_batched} rows"
+            if self.lad.batched
             else "batched decode off: one call a row"
         )
         got = ", ".join(f"{k}({n} row{'s' * (n != 1)})" for k, n in decoding) or "none"

@@ -28,9 +28,19 @@ from dataclasses import dataclass
 
 from runtime.config import RuntimeConfig
 from runtime.events import PrefillState, RowState
-from spyre_verify.oracle.derive import ceil_div, ladders, pool_blocks, usable_blocks
-from spyre_verify.oracle.model import RECENT, Pending
+from spyre_verify.oracle.derive import ceil_div, ladders, token_budget, usable_blocks
+from spyre_verify.oracle.model import Requests, request_refusal
 from spyre_verify.oracle.ragged_compare import RaggedJudge
+
+
+def add_refusal(max_model_len: int, prompt_len: int, max_tokens: int) -> str | None:
+    """DESIGN "Add." (ragged): why `add_request` refuses a request; None to accept it. No padding:
+    a request with p + max_tokens > L can never run."""
+    if why := request_refusal(prompt_len, max_tokens):
+        return why
+    if prompt_len + max_tokens > max_model_len:
+        return f"a prompt of {prompt_len} plus max_tokens={max_tokens} exceeds max_model_len={max_model_len}"
+    return None
 
 
 @dataclass(slots=True)
@@ -72,44 +82,31 @@ class RaggedStep:
 IDLE = RaggedStep("idle", None, (), None, False, (), (), "")
 
 
-class RaggedModel(RaggedJudge):
+class RaggedModel(Requests, RaggedJudge):
     def __init__(self, config: RuntimeConfig) -> None:
+        super().__init__()
         self.bs, self.L, self.S = config.block_size, config.max_model_len, config.max_num_seqs
         # From the raw fields (DESIGN), not the runtime's properties: an off-by-one in the
         # runtime's arithmetic must show as a divergence, not move the model along with it.
-        values = ragged_values(config)
-        self.U, self.T = values["usable_blocks"], values["token_budget"]
-        lad = ladders(config)
-        self.batched_from = lad.min_batched if lad.batched else None
+        self.U, self.T = usable_blocks(config), token_budget(config)
+        self.lad = ladders(config)
         self.tkv = 0  # the ragged layout has none; kept for the checker's shared reading
         self.rows: list[RaggedRow] = []
         self.prefill: Prefilling | None = None
-        self.waiting: deque[Pending] = deque()
-        # Live requests only, and the ids of the last RECENT that ended: a soak's model stays flat.
-        self.known: dict[str, Pending] = {}
-        self.ended: deque[str] = deque(maxlen=RECENT)
-        self.added = 0
         self.reserved = 0  # the admitted requests' reservations, the prefilling one's included
         self.last: RaggedStep = IDLE
 
     # -- requests --------------------------------------------------------------------------
     def reject_reason(self, prompt_len: int, max_tokens: int) -> str | None:
-        if prompt_len < 1:
-            return "the prompt is empty"
-        if max_tokens < 1:
-            return f"max_tokens={max_tokens} is below 1"
-        if prompt_len + max_tokens > self.L:
-            return f"a prompt of {prompt_len} plus max_tokens={max_tokens} exceeds max_model_len={self.L}"
-        return None
-
-    def add(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
-        pending = Pending(request_id, prompt_len, max_tokens)
-        self.known[request_id] = pending
-        self.added += 1
-        self.waiting.append(pending)
+        return add_refusal(self.L, prompt_len, max_tokens)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.rows or self.prefill)
+
+    def live(self, request_id: str) -> bool:
+        pf = self.prefill
+        live = [w.request_id for w in self.waiting] + [r.request_id for r in self.rows]
+        return request_id in live or (pf is not None and pf.request_id == request_id)
 
     def need(self, prompt_len: int, max_tokens: int) -> int:
         """DESIGN Admission.: every block the request can ever need, up to its last cached token."""
@@ -180,18 +177,6 @@ class RaggedModel(RaggedJudge):
         return self.last
 
     # -- abort ---------------------------------------------------------------------------------
-    def forget(self, ended: Sequence[str]) -> None:
-        for rid in ended:
-            self.known.pop(rid, None)
-            self.ended.append(rid)
-
-    def abort_refusal(self, request_id: str) -> str | None:
-        """Why DESIGN says `abort(request_id)` raises RequestError; None when it must succeed."""
-        live = [w.request_id for w in self.waiting] + [r.request_id for r in self.rows]
-        if request_id in live or (self.prefill is not None and self.prefill.request_id == request_id):
-            return None
-        return "it has ended" if request_id in self.ended else "no such request (or it ended long ago)"
-
     def abort(self, request_id: str) -> RaggedStep:
         """A waiting request leaves the queue; a prefilling or running one returns its blocks and its
         whole reservation at once, and an aborted prefill frees the slot for the next admission."""
@@ -242,16 +227,3 @@ class RaggedModel(RaggedJudge):
         )
         self.reserved = sum(r.reservation for r in self.rows) + (self.prefill.reservation if self.prefill else 0)
         self.waiting = deque(known[rid] for rid in waiting if rid in known)
-
-
-def ragged_values(c: RuntimeConfig) -> dict[str, int]:
-    """DESIGN "Config." for the ragged layout, from the raw fields, named as the runtime's config names
-    them: the pool (as for the padded layout), the step token budget T and the entry target E. No
-    volumetric limit: it is a padded-layout setting."""
-    T = c.max_num_batched_tokens
-    return {
-        "total_blocks": pool_blocks(c),
-        "usable_blocks": usable_blocks(c),
-        "token_budget": max(min(c.max_model_len, 2048), c.max_num_seqs) if T is None else T,
-        "decode_entries": 32 if c.batched_decode_entries is None else c.batched_decode_entries,
-    }

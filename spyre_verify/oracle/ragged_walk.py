@@ -36,9 +36,9 @@ hands the config to the closed form (`oracle.ragged_closed_form`) instead.
 
 from __future__ import annotations
 
+import bisect
 import functools
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
@@ -59,9 +59,12 @@ Row = tuple[int, int]  # (n cached tokens, tokens still to generate)
 Prefill = tuple[int, int, int]  # (c computed, p prompt tokens, max_tokens), 0 < c < p between steps
 State = tuple[Prefill | None, tuple[Row, ...]]
 EMPTY: State = (None, ())
-# Inside the walk an abort names the row's position in the state's sorted rows, or this for the
-# prefilling request; `in_arrival_order` renames it by arrival.
-PREFILLING = -1
+# Beside each state the walk carries its labels: which request the prefilling one is (the
+# index-th add of the path, from 0; NONE when nothing prefills), each row's in the rows' order, and
+# the adds so far. An abort names its request by arrival as it is taken.
+Labels = tuple[int, tuple[int, ...], int]
+NONE = -1
+NO_LABELS: Labels = (NONE, (), 0)
 
 
 class RaggedAction(Action):
@@ -107,113 +110,80 @@ def _decodes(sp: RaggedSpace, rows: tuple[Row, ...]) -> tuple[Shape, ...]:
     return tuple(sorted({("attend", ceil_div(n + 1, sp.bs), 1) for n, _ in rows}))
 
 
-def _after(rows: tuple[Row, ...], c: int, p: int, mt: int) -> State:
-    """After a step: each row has its token (finished rows leave), and the chunk ends at `c`; a
-    completed prompt yields its first token and joins `running` unless max_tokens is 1."""
-    left = [(n + 1, r - 1) for n, r in rows if r > 1]  # stays sorted
+def _chunk(
+    left: tuple[Row, ...], kept: tuple[int, ...], c: int, p: int, mt: int, going: Labels, done: Labels
+) -> tuple[State, Labels]:
+    """After a step whose chunk ends at `c`, beside the stepped rows (`left`, labelled `kept`): the
+    prompt goes on, its request prefilling (labelled `going`), or it is done and yields its first
+    token; then its request leaves (`done`), or joins `running` after any equal rows (those joined
+    earlier: equal rows keep their arrival order). The caller builds `going` and `done` once for
+    all its chunks."""
     if c < p:
-        return (c, p, mt), tuple(left)
-    if mt > 1:
-        left.append((p, mt - 1))
-        left.sort()
-    return None, tuple(left)
+        return ((c, p, mt), left), going
+    if mt == 1:
+        return (None, left), done
+    label, adds = going[0], done[2]  # the chunk's request, and the adds after the step
+    i = bisect.bisect_right(left, (p, mt - 1))
+    return (None, (*left[:i], (p, mt - 1), *left[i:])), (NONE, (*kept[:i], label, *kept[i:]), adds)
 
 
-def successors(sp: RaggedSpace, state: State) -> Iterator[tuple[RaggedAction, tuple[Shape, ...], State]]:
-    """Every step from `state`: the action, the calls it dispatches, the state after it."""
+def successors(
+    sp: RaggedSpace, state: State, at: Labels = NO_LABELS
+) -> Iterator[tuple[RaggedAction, tuple[Shape, ...], State, Labels]]:
+    """Every step from `state` (labelled `at`): the action, the calls it dispatches, the state and
+    labels after it."""
     pf, rows = state
+    label, labels, adds = at
     d, bs = len(rows), sp.bs
     decodes = _decodes(sp, rows)
+    # The rows after any step from here, each a token on (finished ones leave; they stay sorted).
+    left = tuple([(n + 1, r - 1) for n, r in rows if r > 1])
+    kept = labels if len(left) == d else tuple([a for (_, r), a in zip(rows, labels, strict=True) if r > 1])
     if pf is not None:  # nothing is admitted while a request prefills: its next chunk runs
         c, p, mt = pf
         q = min(p - c, sp.T - d)
-        yield STEP, (*decodes, ("attend", ceil_div(c + q, bs), q)), _after(rows, c + q, p, mt)
+        going = at if kept is labels else (label, kept, adds)
+        done = (NONE, kept, adds) if c + q == p else going  # built only when the prompt is done
+        nxt, after = _chunk(left, kept, c + q, p, mt, going, done)
+        yield STEP, (*decodes, ("attend", ceil_div(c + q, bs), q)), nxt, after
         return
     if rows:
-        yield STEP, decodes, _after(rows, 0, 0, 1)
+        yield STEP, decodes, (None, left), (NONE, kept, adds)
     if d >= sp.S:
         return  # no free slot
     room = sp.U - sum(ceil_div(n + r, bs) for n, r in rows)
+    going, done = (adds, kept, adds + 1), (NONE, kept, adds + 1)  # the joiner is the next arrival
     for p in range(1, sp.L):
         q = min(p, sp.T - d)
         shapes = (*decodes, ("attend", ceil_div(q, bs), q))
         for mt in range(1, sp.L - p + 1):  # p + max_tokens <= L, else refused at add_request
             if ceil_div(p + mt - 1, bs) > room:
                 break  # the reservation only grows with max_tokens
-            yield _action("join", p, mt), shapes, _after(rows, q, p, mt)
+            nxt, after = _chunk(left, kept, q, p, mt, going, done)
+            yield _action("join", p, mt), shapes, nxt, after
 
 
-def aborts(state: State) -> Iterator[tuple[RaggedAction, State]]:
-    """Every abort between steps: the prefilling request, or one per distinct running row."""
+def aborts(state: State, at: Labels = NO_LABELS) -> Iterator[tuple[RaggedAction, State, Labels]]:
+    """Every abort between steps, naming its request by arrival: the prefilling request, or one
+    per distinct running row (of equal rows, the first to join)."""
     pf, rows = state
+    label, labels, adds = at
     if pf is not None:
-        yield _action("abort", index=PREFILLING), (None, rows)
+        yield _action("abort", index=label), (None, rows), (NONE, labels, adds)
     for i, row in enumerate(rows):
         if not i or rows[i - 1] != row:
-            yield _action("abort", index=i), (pf, rows[:i] + rows[i + 1 :])
+            yield (
+                _action("abort", index=labels[i]),
+                (pf, rows[:i] + rows[i + 1 :]),
+                (label, labels[:i] + labels[i + 1 :], adds),
+            )
 
 
 @functools.lru_cache(maxsize=1024)
 def walk(sp: RaggedSpace, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that need k
     aborts. Every shape, each with a path of fewest aborts, then fewest actions."""
-    return breadth_first(EMPTY, lambda s: successors(sp, s), aborts, max_states)
-
-
-def in_arrival_order(sp: RaggedSpace, path: Sequence[Action]) -> tuple[Action, ...]:
-    """The path with each abort naming its request by arrival order (the index-th add of the
-    witness) instead of by its row's position: the path is replayed with labelled requests."""
-    pf: tuple[int, int, int, int] | None = None  # (c, p, max_tokens, label)
-    rows: list[tuple[int, int, int]] = []  # (n, remaining, label)
-    added, out = 0, list[Action]()
-    for a in path:
-        if a.kind == "abort":
-            if a.index == PREFILLING:
-                assert pf is not None
-                label, pf = pf[3], None
-            else:
-                rows.sort()  # the state's rows are sorted the same way; equal rows are interchangeable
-                label = rows.pop(a.index)[2]
-            out.append(_action("abort", index=label))
-            continue
-        if a.kind == "join":
-            pf, added = (0, a.prompt_len, a.max_tokens, added), added + 1
-        d = len(rows)
-        rows = [(n + 1, r - 1, i) for n, r, i in rows if r > 1]
-        if pf is not None:
-            c, p, mt, label = pf
-            c += min(p - c, sp.T - d)
-            pf = (c, p, mt, label) if c < p else None
-            if c == p and mt > 1:
-                rows.append((p, mt - 1, label))
-        out.append(a)
-    return tuple(out)
-
-
-def sample(sp: RaggedSpace, runs: int = 200, seed: int = 0) -> Walked:
-    """Random walks through the same state space, for configs too large to walk whole: a shape
-    found is reachable; one never found may still be."""
-    rng = random.Random(seed)
-    paths: dict[Shape, tuple[Action, ...]] = {}
-    for _ in range(runs):
-        state: State = EMPTY
-        trail: tuple[Action, ...] = ()
-        for _ in range(rng.randint(1, 4 * sp.L)):
-            options = list(successors(sp, state))
-            if not options:
-                break
-            for action, shapes, _ in options:
-                for shape in shapes:
-                    paths.setdefault(shape, (*trail, action))
-            # Favour a plain step (first) half the time so rows grow old, not only many; now and
-            # then abort a request instead of stepping.
-            taken: Action
-            if (state[0] is not None or state[1]) and rng.random() < 0.1:
-                taken, state = rng.choice(list(aborts(state)))
-            else:
-                taken, _, state = options[0] if rng.random() < 0.5 else rng.choice(options)
-            trail = (*trail, taken)
-    return Walked(frozenset(paths), 0, False, paths)
+    return breadth_first(EMPTY, NO_LABELS, functools.partial(successors, sp), aborts, max_states)
 
 
 def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
@@ -226,7 +196,7 @@ def walked(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
     witness; method "exhaustive" when it finished (`walk.walked` with the same arguments)."""
     sp, lad = space(config), ladders(config)
     w, method = explored(lambda: walk(sp, budget), budget)
-    return witnessed(w, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(sp, p))
+    return witnessed(w, method, lambda s: to_bucket(lad, s))
 
 
 def buckets(config: RuntimeConfig, budget: int = STATE_BUDGET) -> tuple[frozenset[Bucket], bool]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, ragged_decode_keys
+from spyre_verify.oracle.derive import Ladders, ceil_div, ragged_step_keys
 from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.oracle.ragged_walk import STEP, RaggedAction
 
@@ -60,11 +60,9 @@ def replay(config: RuntimeConfig, lad: Ladders, path: Witness) -> frozenset[Buck
                 return None
         else:
             model.step()
-    last, bs = model.last, model.bs
-    calls = ragged_decode_keys(lad, tuple(ceil_div(seq_len, bs) for _, seq_len in last.decodes))
-    if last.chunk is not None:
-        _, c, q, _, _ = last.chunk
-        calls = (*calls, attend_key(lad, ceil_div(c + q, bs), q))
+    last = model.last
+    chunk = None if last.chunk is None else (last.chunk[1] + last.chunk[2], last.chunk[2])  # (c + q, q)
+    calls = ragged_step_keys(lad, [seq_len for _, seq_len in last.decodes], chunk)
     return frozenset(b for b in calls if b is not None)
 
 

@@ -3,6 +3,7 @@ the ragged one) hand back: the witness actions and the results, one shape for bo
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -21,8 +22,7 @@ class Action:
     before the step that prefills it), or the abort of a running request between steps.
 
     `index` names the aborted request by arrival order: the index-th join of the witness,
-    counting from 0. Inside the walk, before a witness is built, it is the row's position
-    in the state's sorted rows.
+    counting from 0 (the walks carry each row's arrival beside their states).
 
     The ragged walk uses the same kinds, so every replay reads both layouts alike: a join is
     an add and the step that admits it, a decode one step (`ragged_walk.RaggedAction` prints
@@ -50,8 +50,7 @@ class Walked:
     shapes: frozenset[Shape]
     states: int
     complete: bool  # False when the walk stopped at its state budget, or sampled
-    # A path (fewest aborts, then short) that dispatches each shape; an abort's index is
-    # still its row's position (`in_arrival_order` names the request).
+    # A path (fewest aborts, then short) that dispatches each shape; an abort names its request by arrival.
     paths: dict[Shape, tuple[Action, ...]]
 
 
@@ -78,18 +77,13 @@ def explored(walk: Callable[[], Walked], budget: int) -> tuple[Walked, str]:
     return walked, "exhaustive" if walked.complete else f"partial ({budget} states)"
 
 
-def witnessed(
-    walked: Walked,
-    method: str,
-    bucket_of: Callable[[Shape], Bucket | None],
-    arrange: Callable[[tuple[Action, ...]], tuple[Action, ...]],
-) -> Reachable:
-    """Each reached bucket with its best witness: fewest aborts, then fewest actions, in arrival order."""
+def witnessed(walked: Walked, method: str, bucket_of: Callable[[Shape], Bucket | None]) -> Reachable:
+    """Each reached bucket with its best witness: fewest aborts, then fewest actions."""
     witnesses: dict[Bucket, tuple[Action, ...]] = {}
     for shape in sorted(walked.shapes, key=lambda s: (_aborts(walked.paths[s]), len(walked.paths[s]), s)):
         bucket = bucket_of(shape)
         if bucket is not None and bucket not in witnesses:
-            witnesses[bucket] = arrange(walked.paths[shape])
+            witnesses[bucket] = walked.paths[shape]
     return Reachable(frozenset(witnesses), method, walked.states, witnesses)
 
 
@@ -97,30 +91,32 @@ def _aborts(path: tuple[Action, ...]) -> int:
     return sum(a.kind == "abort" for a in path)
 
 
-def breadth_first(
-    empty: Hashable,
-    steps: Callable[[Any], Iterable[tuple[Action, Iterable[Shape], Any]]],
-    aborts: Callable[[Any], Iterable[tuple[Action, Any]]],
-    max_states: int | None = None,
-) -> Walked:
+# A walk's moves from a state and its labels (which request each row is, by arrival): each step's
+# action, the shapes it dispatches, the state and labels after it; each abort's action, state and labels.
+Steps = Callable[[Any, Any], Iterable[tuple[Action, Iterable[Shape], Any, Any]]]
+Aborts = Callable[[Any, Any], Iterable[tuple[Action, Any, Any]]]
+
+
+def breadth_first(empty: Hashable, labels: Any, steps: Steps, aborts: Aborts, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that need k
     aborts. Every shape the `steps` of a state dispatch, each with a path of fewest aborts, then
-    fewest actions. Both layouts' walks are this search over their own states and rules."""
+    fewest actions. Both layouts' walks are this search over their own states and rules. States
+    are told apart alone; a state's labels are those of the first path to reach it."""
     parent: dict[Any, tuple[Any, Action] | None] = {empty: None}
-    todo = deque([empty])
+    todo = deque([(empty, labels)])
     paths: dict[Shape, tuple[Action, ...]] = {}
     # At a large max_model_len one state has thousands of successors (a join per prompt and
     # max_tokens), so the budget also bounds the transitions: the walk gives up in seconds.
     moves = 0
     most = 0 if max_states is None else TRANSITIONS_PER_STATE * max_states
     while todo:
-        seen: list[Any] = []
+        seen: list[tuple[Any, Any]] = []
         while todo:
             if max_states is not None and len(parent) > max_states:
                 return Walked(frozenset(paths), len(parent), False, paths)
-            state = todo.popleft()
-            seen.append(state)
-            for action, shapes, nxt in steps(state):
+            state, at = node = todo.popleft()
+            seen.append(node)
+            for action, shapes, nxt, labels in steps(state, at):
                 moves += 1
                 if most and moves > most:
                     return Walked(frozenset(paths), len(parent), False, paths)
@@ -129,12 +125,12 @@ def breadth_first(
                         paths[shape] = (*_path(parent, state), action)
                 if nxt not in parent:
                     parent[nxt] = (state, action)
-                    todo.append(nxt)
-        for state in seen:
-            for action, nxt in aborts(state):
+                    todo.append((nxt, labels))
+        for state, at in seen:
+            for action, nxt, labels in aborts(state, at):
                 if nxt not in parent:
                     parent[nxt] = (state, action)
-                    todo.append(nxt)
+                    todo.append((nxt, labels))
     return Walked(frozenset(paths), len(parent), True, paths)
 
 
@@ -146,3 +142,34 @@ def _path(parent: dict[Any, tuple[Any, Action] | None], state: Any) -> tuple[Act
         out.append(action)
         link = parent[state]
     return tuple(reversed(out))
+
+
+def sample(
+    empty: Any, labels: Any, steps: Steps, aborts: Aborts, length: int, runs: int = 200, seed: int = 0
+) -> Walked:
+    """Random walks through a walk's states, for configs too large to walk whole: up to `length`
+    actions each, favouring a plain step (listed first) half the time, so rows grow old and not
+    only many, and now and then an abort instead of a step. A shape found is reachable; one never
+    found may still be."""
+    rng = random.Random(seed)
+    paths: dict[Shape, tuple[Action, ...]] = {}
+    for _ in range(runs):
+        state, at = empty, labels
+        trail: tuple[Action, ...] = ()
+        for _ in range(rng.randint(1, length)):
+            options = list(steps(state, at))
+            if not options:
+                break
+            for action, shapes, _, _ in options:
+                for shape in shapes:
+                    paths.setdefault(shape, (*trail, action))
+            taken: Action
+            out = iter(aborts(state, at))
+            if (first := next(out, None)) is not None and rng.random() < 0.1:
+                taken, state, at = rng.choice([first, *out])
+            elif options[0][0].kind == "decode" and rng.random() < 0.5:
+                taken, _, state, at = options[0]
+            else:
+                taken, _, state, at = rng.choice(options)
+            trail = (*trail, taken)
+    return Walked(frozenset(paths), 0, False, paths)

@@ -18,15 +18,14 @@ requests are aborted here.
 The state space grows roughly with L**(2*S), so it is meant for small configs. Above
 `STATE_BUDGET` states (or a max_model_len above `WALK_MAX_LEN`) `reachable` hands the config
 to the closed form (`oracle.closed_form`, `oracle.ragged_closed_form`), which is exact at any
-size and which this walk referees wherever it finishes. The random walks (`sample`) survive
-only to try to refute the closed form (`refutations`).
+size and which this walk referees wherever it finishes. The random walks (`results.sample`)
+survive only to try to refute the closed form (`refutations`).
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +50,7 @@ from spyre_verify.oracle.results import (
     Walked,
     breadth_first,
     explored,
+    sample,
     witnessed,
 )
 
@@ -79,6 +79,11 @@ WALK_MAX_LEN = 64
 Row = tuple[int, int]
 State = tuple[int, tuple[Row, ...]]  # (tkv, sorted rows)
 EMPTY: State = (0, ())
+# Beside each state the walk carries its labels: which request each row is (the index-th join of
+# the path, from 0), in the rows' order, and the joins so far. An abort names its request by
+# arrival as it is taken. Two paths to one state are one state; the first path's labels stay.
+Labels = tuple[tuple[int, ...], int]
+NO_LABELS: Labels = ((), 0)
 
 
 @dataclass(frozen=True)
@@ -129,23 +134,30 @@ DECODE = Action("decode")
 _action = functools.cache(Action)  # a witness's actions, built once each: the walk yields millions
 
 
-def successors(sp: Space, state: State) -> Iterator[tuple[Action, Shape, State]]:
-    """Every step from `state`: the action, the shape it dispatches, the state after it."""
+def successors(sp: Space, state: State, at: Labels = NO_LABELS) -> Iterator[tuple[Action, tuple[Shape], State, Labels]]:
+    """Every step from `state` (labelled `at`): the action, the shape it dispatches (one a step),
+    the state and labels after it."""
     bs, L, S, U, V = sp.bs, sp.L, sp.S, sp.U, sp.V
     tkv, rows = state
+    labels, joined = at
     if rows:  # every row steps down by one token alike, so the rows stay sorted
         left = tuple((lp, rem - 1) for lp, rem in rows if rem > 1)
-        yield DECODE, ("decode", len(rows), tkv), _strip(bs, tkv + 1, left)
+        stay = labels if len(left) == len(rows) else tuple([a for (_, r), a in zip(rows, labels, strict=True) if r > 1])
+        yield DECODE, (("decode", len(rows), tkv),), _strip(bs, tkv + 1, left), (stay, joined)
     if len(rows) >= S:
         return
     used = sum(_reservation(bs, tkv, lp, rem) for lp, rem in rows)
     running = [rem for _, rem in rows]
     longest = max(running, default=0)
+    # The joiner is the next arrival: its label sits at its row's place (after any equal rows,
+    # those joined earlier, so equal rows keep their arrival order), one per place it can take.
+    alone = (labels, joined + 1)
+    placed = [((*labels[:i], joined, *labels[i:]), joined + 1) for i in range(len(rows) + 1)]
     for t2, lp, padded, p in _joins(bs, L, tkv, bool(rows)):
         if t2 + longest > L:
             continue  # a running row could no longer finish
         d = t2 - tkv if rows else 0
-        shape = ("prefill", t2, 0)
+        shape = (("prefill", t2, 0),)
         # A joiner that stays (max_tokens > 1) strips the same whole blocks whatever its
         # max_tokens, the least padding's (rows stay sorted): strip once, insert it each time.
         drop = min(rows[0][0] + d, lp) // bs * bs if rows else lp // bs * bs
@@ -159,13 +171,12 @@ def successors(sp: Space, state: State) -> Iterator[tuple[Action, Shape, State]]
                 break
             if V is not None and ((mt > 1 and padded + mt - 1 > V) or peak(t2, [*running, mt - 1]) > V):
                 break  # rejected at add_request (its lone peak), or never admitted here
-            if mt == 1:  # it finishes at its prefill: the rows alone strip
-                after = _strip(bs, t2, tuple((q + d, rem) for q, rem in rows))
+            if mt == 1:  # it finishes at its prefill: the rows alone strip (it still counts as a join)
+                yield _action("join", p, mt), shape, _strip(bs, t2, tuple((q + d, rem) for q, rem in rows)), alone
             else:
                 row = (own, mt - 1)
-                i = bisect.bisect_left(kept, row)
-                after = (t3, (*kept[:i], row, *kept[i:]))
-            yield _action("join", p, mt), shape, after
+                i = bisect.bisect_right(kept, row)
+                yield _action("join", p, mt), shape, (t3, (*kept[:i], row, *kept[i:])), placed[i]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -185,74 +196,23 @@ def _joins(bs: int, L: int, tkv: int, running: bool) -> tuple[tuple[int, int, in
     return tuple((t2, lp, padded, p) for (t2, lp), (padded, p) in joins.items())
 
 
-def aborts(sp: Space, state: State) -> Iterator[tuple[Action, State]]:
-    """Every abort from `state`: one per distinct running row, whose blocks return at once
-    and after which the strip applies at once (an emptied batch has tkv 0)."""
+def aborts(sp: Space, state: State, at: Labels = NO_LABELS) -> Iterator[tuple[Action, State, Labels]]:
+    """Every abort from `state` (labelled `at`): one per distinct running row (of equal rows, the
+    first to join), whose blocks return at once and after which the strip applies at once (an
+    emptied batch has tkv 0). The action names the request by arrival."""
     tkv, rows = state
+    labels, joined = at
     for i, row in enumerate(rows):
         if not i or rows[i - 1] != row:
-            yield _action("abort", index=i), _strip(sp.bs, tkv, rows[:i] + rows[i + 1 :])
+            after = _strip(sp.bs, tkv, rows[:i] + rows[i + 1 :])
+            yield _action("abort", index=labels[i]), after, (labels[:i] + labels[i + 1 :], joined)
 
 
 @functools.lru_cache(maxsize=4096)
 def walk(sp: Space, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that
     need k aborts. Every shape, each with a path of fewest aborts."""
-    return breadth_first(
-        EMPTY,
-        lambda s: ((a, (shape,), nxt) for a, shape, nxt in successors(sp, s)),
-        lambda s: aborts(sp, s),
-        max_states,
-    )
-
-
-def in_arrival_order(bs: int, path: Sequence[Action]) -> tuple[Action, ...]:
-    """The path with each abort naming its request by arrival order instead of by its
-    row's position: the path is replayed with every row labelled by the join that made it."""
-    tkv, rows, joined, out = 0, list[tuple[int, int, int]](), 0, []
-    for a in path:
-        if a.kind == "decode":
-            tkv, rows = tkv + 1, [(lp, rem - 1, i) for lp, rem, i in rows if rem > 1]
-        elif a.kind == "join":
-            p = a.prompt_len
-            t2 = ceil_div(p, bs) * bs if not rows else tkv + max(0, ceil_div(p - tkv, bs)) * bs
-            rows = [(lp + t2 - tkv, rem, i) for lp, rem, i in rows]
-            rows += [((t2 - p) // bs * bs, a.max_tokens - 1, joined)] if a.max_tokens > 1 else []
-            tkv, joined = t2, joined + 1
-        else:
-            rows.sort()  # the state's rows are sorted the same way; equal rows are interchangeable
-            a = Action("abort", index=rows.pop(a.index)[2])
-        k = min((lp // bs for lp, _, _ in rows), default=0)
-        tkv, rows = (tkv - k * bs, [(lp - k * bs, rem, i) for lp, rem, i in rows]) if rows else (0, [])
-        out.append(a)
-    return tuple(out)
-
-
-def sample(sp: Space, runs: int = 200, seed: int = 0) -> Walked:
-    """Random walks through the same state space, for configs too large to walk whole.
-
-    Only what it observes is certain: a shape it finds is reachable; a shape it never
-    reaches may still be reachable.
-    """
-    rng = random.Random(seed)
-    paths: dict[Shape, tuple[Action, ...]] = {}
-    for _ in range(runs):
-        state: State = EMPTY
-        trail: tuple[Action, ...] = ()
-        for _ in range(rng.randint(1, 4 * sp.L)):
-            options = list(successors(sp, state))
-            if not options:
-                break
-            for action, shape, _ in options:
-                paths.setdefault(shape, (*trail, action))
-            # Favour the decode step (first) half the time so batches grow old, not only wide;
-            # now and then abort a running request instead of stepping.
-            if state[1] and rng.random() < 0.1:
-                action, state = rng.choice(list(aborts(sp, state)))
-            else:
-                action, _, state = options[0] if state[1] and rng.random() < 0.5 else rng.choice(options)
-            trail = (*trail, action)
-    return Walked(frozenset(paths), 0, False, paths)
+    return breadth_first(EMPTY, NO_LABELS, functools.partial(successors, sp), functools.partial(aborts, sp), max_states)
 
 
 def to_bucket(lad: Ladders, shape: Shape) -> Bucket | None:
@@ -267,7 +227,7 @@ def walked(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
         return ragged_walk.walked(config, budget)
     sp, lad = space(config), ladders(config)
     w, method = explored(lambda: walk(sp, budget), budget)
-    return witnessed(w, method, lambda s: to_bucket(lad, s), lambda p: in_arrival_order(config.block_size, p))
+    return witnessed(w, method, lambda s: to_bucket(lad, s))
 
 
 @functools.lru_cache(maxsize=256)
@@ -290,14 +250,16 @@ def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
 def refutations(config: RuntimeConfig, runs: int = 20, seed: int = 0) -> dict[Bucket, tuple[Action, ...]]:
     """Random walks that try to refute the closed form: each bucket they reach that it lacks,
     with the path that reached it (empty when the two agree)."""
-    found = closed(config).buckets
+    found, lad, length = closed(config).buckets, ladders(config), 4 * config.max_model_len
     if is_ragged(config):
-        rsp, lad = ragged_walk.space(config), ladders(config)
-        w = ragged_walk.sample(rsp, runs, seed)
-        bucket_of, arrange = (lambda s: ragged_walk.to_bucket(lad, s)), (lambda p: ragged_walk.in_arrival_order(rsp, p))
+        rsp = ragged_walk.space(config)
+        steps = functools.partial(ragged_walk.successors, rsp)
+        w = sample(ragged_walk.EMPTY, ragged_walk.NO_LABELS, steps, ragged_walk.aborts, length, runs, seed)
+        r = witnessed(w, "sampled", lambda s: ragged_walk.to_bucket(lad, s))
     else:
-        sp, lad = space(config), ladders(config)
-        w = sample(sp, runs, seed)
-        bucket_of, arrange = (lambda s: to_bucket(lad, s)), (lambda p: in_arrival_order(config.block_size, p))
-    r = witnessed(w, "sampled", bucket_of, arrange)
+        sp = space(config)
+        w = sample(
+            EMPTY, NO_LABELS, functools.partial(successors, sp), functools.partial(aborts, sp), length, runs, seed
+        )
+        r = witnessed(w, "sampled", lambda s: to_bucket(lad, s))
     return {b: r.witnesses[b] for b in sorted(r.buckets - found)}

@@ -24,7 +24,7 @@ from spyre_verify.sendnn.events import KERNEL, Compile, Graph
 
 @dataclass
 class Account:
-    """The kernel's own count, as `protocol.KernelAccount` asks."""
+    """The kernel's own count, as `protocol.CAPABILITIES["compile_accounting"]` asks."""
 
     calls: Counter[Graph] = field(default_factory=Counter)
     served: Counter[tuple[Graph, Graph]] = field(default_factory=Counter)

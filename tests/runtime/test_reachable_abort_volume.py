@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from functools import partial
 from typing import Any
 
 import pytest
@@ -15,7 +16,22 @@ from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, Decod
 from runtime.config import ENV_BATCH_TKV, RuntimeConfig
 from runtime.reachability import Limits, decode_costs, prefill_costs
 from spyre_verify.cli.main import main
-from spyre_verify.oracle.walk import Action, Space, in_arrival_order, peak, reachable, space, walk
+from spyre_verify.oracle.model import ContractModel
+from spyre_verify.oracle.results import sample
+from spyre_verify.oracle.walk import (
+    EMPTY,
+    NO_LABELS,
+    Action,
+    Labels,
+    Space,
+    State,
+    aborts,
+    peak,
+    reachable,
+    space,
+    successors,
+    walk,
+)
 
 T, F = True, False
 RULES = {"disabled", "flags", "gather", "pool", "volume", "unreachable"}
@@ -158,14 +174,50 @@ def test_below_one_block_needs_the_abort_batch_to_fit_the_limit() -> None:
     assert Bucket(DECODE, DecodeKey(1)) not in SpyreAttnBucketer(config(2, 8, 3, V=7)).warm_set()
 
 
-def test_abort_indices_name_requests_in_arrival_order() -> None:
-    # Rows sort by padding: the second join (prompt 4) shifts the first (prompt 1) to padding 3, and
-    # sorts first itself with none; the abort of row 1 is the abort of the first request.
-    path = (Action("join", 1, 4), Action("join", 4, 3), Action("abort", index=1), Action("decode"))
-    assert [str(a) for a in in_arrival_order(2, path)] == ["join(1, 4)", "join(4, 3)", "abort(#0)", "decode"]
+def follow(sp: Space, path: tuple[Action, ...]) -> tuple[State, Labels]:
+    """The state and labels the walk's own steps reach by `path` (each action one they offer)."""
+    state, at = EMPTY, NO_LABELS
+    for a in path:
+        offered = {act: (s, labels) for act, _, s, labels in successors(sp, state, at)}
+        state, at = offered[a]
+    return state, at
+
+
+def test_abort_actions_name_requests_in_arrival_order() -> None:
+    sp = Space(2, 16, 4, 32)
+    # Rows sort by padding: the second join (prompt 3) shifts the first (prompt 1) to padding 2, and
+    # sorts first itself with none; aborting the first request (row 1) leaves the second's row.
+    state, at = follow(sp, (Action("join", 1, 4), Action("join", 3, 3)))
+    after = {str(a): (s, labels) for a, s, labels in aborts(sp, state, at)}
+    assert after["abort(#0)"] == ((4, ((0, 2),)), ((1,), 2))  # request #1: 2 tokens still to come
     # A one-token request ends at its prefill but still counts as an arrival.
-    path = (Action("join", 3, 4), Action("join", 1, 1), Action("join", 1, 3), Action("abort", index=1))
-    assert str(in_arrival_order(2, path)[-1]) == "abort(#2)"
+    state, at = follow(sp, (Action("join", 3, 4), Action("join", 1, 1), Action("join", 1, 3)))
+    assert {str(a) for a, _, _ in aborts(sp, state, at)} == {"abort(#0)", "abort(#2)"}
+
+
+def test_every_sampled_path_replays_on_the_contract_model() -> None:
+    """The random walks abort rows anywhere in the sorted batch, so their paths name requests by
+    arrival where a row's place and its arrival differ: replayed on the contract model (request #i
+    the i-th join), every abort ends a running request and the last step dispatches the shape."""
+    younger = 0  # aborts of other than the oldest running request: a row's place would name another
+    for c in (config(2, 12, 3, usable=7), config(1, 8, 3), config(2, 12, 3, V=11), config(4, 16, 4, 6)):
+        sp = space(c)
+        sampled = sample(EMPTY, NO_LABELS, partial(successors, sp), partial(aborts, sp), 4 * c.max_model_len, 30, 1)
+        for shape, path in sampled.paths.items():
+            model, joined = ContractModel(c), 0
+            for a in path:
+                if a.kind == "abort":
+                    live = [r.request_id for r in model.rows]
+                    assert f"r{a.index}" in live, (c, shape, path)
+                    younger += live.index(f"r{a.index}") > 0
+                    model.abort(f"r{a.index}")
+                    continue
+                if a.kind == "join":
+                    model.add(f"r{joined}", a.prompt_len, a.max_tokens)
+                    joined += 1
+                step = model.step()
+            assert step.shape == shape, (c, shape, path)
+    assert younger >= 3
 
 
 def test_the_projected_peak_is_designs_formula() -> None:

@@ -138,3 +138,12 @@ def test_the_kv_ladder_limit_fault_is_caught_through_verify() -> None:
         checker = run(config)
     assert "recompile-limit-too-low" in kinds(checker)
     assert torch._dynamo.config.recompile_limit != 3  # closing the engine put Dynamo's limit back
+
+
+def test_a_compile_its_graph_cannot_name_leaves_graph_reuse_not_observed() -> None:
+    """Issue 39: a contract runtime's compile whose inputs give no bucket went unjudged and passed."""
+    with mock.patch("spyre_verify.checks.graph_reuse.mislabel", side_effect=LookupError(DECODE)):
+        checker = run()
+    assert checker.violations == [] and checker.unmapped > 0
+    assert checker.judged_nothing and checker.status == "not-observed"
+    assert not run().judged_nothing  # the same run, its graphs read: judged

@@ -13,7 +13,7 @@ import pytest
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle import ragged_closed_form, ragged_witness
-from spyre_verify.oracle.derive import attend_key, ceil_div, ladders, ragged_decode_keys
+from spyre_verify.oracle.derive import ceil_div, ladders, ragged_step_keys
 from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.oracle.ragged_walk import RaggedAction
 from spyre_verify.oracle.ragged_witness import Geometry
@@ -84,9 +84,8 @@ def last_step_buckets(c: RuntimeConfig, path: tuple[RaggedAction, ...]) -> froze
         arriving = [f"a{k}" for k, item in enumerate(adds) if item.step == step]
         assert model.step().admitted == (arriving[0] if arriving else None), f"step {step} of {path}"
     last = model.last
-    calls = ragged_decode_keys(lad, tuple(ceil_div(n, c.block_size) for _, n in last.decodes))
-    if last.chunk is not None:
-        calls = (*calls, attend_key(lad, ceil_div(last.chunk[1] + last.chunk[2], c.block_size), last.chunk[2]))
+    chunk = None if last.chunk is None else (last.chunk[1] + last.chunk[2], last.chunk[2])  # (c + q, q)
+    calls = ragged_step_keys(lad, [n for _, n in last.decodes], chunk)
     return frozenset(b for b in calls if b is not None)
 
 

@@ -1,8 +1,8 @@
 """The always-on checkers judge each step through a fast path (`ContractModel.agrees`,
-`PaddingValidity._design_rows_hold` and the KV-write fast path) and fall back to the
-rule-by-rule code only when it says no. A fast path that says yes where a rule is broken
-would hide the bug, so each one is held to the slow rules on conforming states and on
-every single-field corruption of them."""
+`PaddingValidity._design_rows_hold`, the KV-write fast path and the ragged table's
+`ragged_row_holds`) and fall back to the rule-by-rule code only when it says no. A fast path
+that says yes where a rule is broken would hide the bug, so each one is held to the slow rules
+on conforming states and on every single-field corruption of them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ from runtime.bucketer import DECODE, PREFILL, Bucket, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.events import BlockTableEvent, KVWriteEvent, RowState
 from spyre_verify.checks.padding import PaddingValidity
-from spyre_verify.checks.padding_rules import block_table_problems, seq_len_problems
+from spyre_verify.checks.padding_rules import (
+    block_table_problems,
+    ragged_row_holds,
+    ragged_row_problems,
+    ragged_table_problems,
+    seq_len_problems,
+)
 from spyre_verify.oracle.model import ContractModel
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=3, num_blocks=13, backend="eager")
@@ -202,3 +208,58 @@ def test_the_kv_write_fast_path_flags_exactly_what_the_rules_flag(writes: list[t
     assert {(v.kind, v.message.split(" writes ")[0]) for v in c.violations} == {
         ("null-write" if b == NULL else "foreign-write", f"step 3: {w}") for b, w in want
     }
+
+
+# -- the ragged table: its row fast path against the rules ---------------------------------------
+@st.composite
+def ragged_rows(draw: st.DrawFn) -> tuple[tuple[int, ...], str | None, int, dict[int, str], tuple[int, ...]]:
+    """One row of a ragged table over a pool of 16 blocks: a request's real blocks in position
+    order, then the null block (or a padded row, all null), with the blocks the runtime's last
+    state knew, a prefix of them; then maybe one fault."""
+    width = draw(st.integers(1, 6))
+    rid = None if draw(st.integers(0, 4)) == 0 else "r0"
+    seq_len = draw(st.integers(1, width * BS)) if rid else 0
+    need = -(-seq_len // BS)
+    pool = draw(st.permutations(range(1, NUM_BLOCKS)))
+    blocks, others = pool[:need], pool[need : need + 3]
+    owners = {b: "r0" for b in blocks} | {b: "r1" for b in others}
+    known = tuple(blocks[: draw(st.integers(0, need))])
+    row = [*blocks, *[NULL] * (width - need)]
+    j = draw(st.integers(0, width - 1))
+    fault = draw(
+        st.sampled_from(["none", "none", "entry", "other", "owner", "known", "repeat", "null", "out", "short"])
+    )
+    if fault == "entry":
+        row[j] = draw(st.integers(0, NUM_BLOCKS - 1))
+    elif fault == "other" and others:
+        row[j] = others[0]
+    elif fault == "owner" and blocks:
+        owners[blocks[0]] = draw(st.sampled_from(["r1", "r9"]))
+    elif fault == "known" and known:
+        known = (*known[:-1], others[0] if others else NULL)
+    elif fault == "repeat" and need >= 2:
+        row[need - 1] = row[0]
+    elif fault == "null" and need:
+        row[j % need] = NULL
+    elif fault == "out":
+        row[j] = draw(st.sampled_from([-1, NUM_BLOCKS, NUM_BLOCKS + 5]))
+    elif fault == "short":
+        row = row[: draw(st.integers(0, len(row) - 1))]
+    return tuple(row), rid, seq_len, owners, known
+
+
+@settings(max_examples=600, deadline=None)
+@given(ragged_rows())
+def test_the_ragged_row_fast_path_passes_exactly_the_rows_the_rules_pass(case: tuple[Any, ...]) -> None:
+    row, rid, seq_len, owners, known = case
+    need = -(-seq_len // BS)
+    rules = ragged_row_problems(row, rid, seq_len, BS, "the row", owners, NUM_BLOCKS, NULL, known)
+    assert ragged_row_holds(row, rid, need, owners, NUM_BLOCKS, NULL, known) == (rules == []), rules
+
+
+def test_a_real_null_entry_of_the_requests_own_null_block_is_judged_rule_by_rule() -> None:
+    # The one state the row fast path would pass wrongly: the null block allocated to the row's own
+    # request, and listed as a real entry. The table goes rule by rule, naming both.
+    owners = {NULL: "r0", 3: "r0"}
+    found = ragged_table_problems(((NULL, 3),), ("r0",), (8,), (1, 2), BS, owners, NUM_BLOCKS, NULL)
+    assert [k for k, _ in found] == ["null-allocated", "foreign-block"]

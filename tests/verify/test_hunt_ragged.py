@@ -114,7 +114,7 @@ def test_dispatch_flags_decodes_keyed_with_the_chunks_query_width(monkeypatch: p
     found = check_trace(config, TRACE)
     assert [f.kind for f in found][:1] == ["key-mismatch"], [f.headline for f in found]
     msg = found[0].message
-    assert "step 1 (mixed of 2 row(s))" in msg and "attend(1, 4) for req-0: 1 query" in msg
+    assert "step 1 (mixed of 2 row(s))" in msg and "attend(1, 4) for req-0: a one-token call at position 2" in msg
     assert "the oracle's key for that call is attend(1, 1)" in msg
     assert found[0].batch_state is not None and found[0].batch_state["kind"] == "mixed"
 

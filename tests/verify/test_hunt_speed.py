@@ -70,15 +70,15 @@ def spaces(n: int) -> list[Space]:
 
 @pytest.mark.parametrize("sp", spaces(60), ids=str)
 def test_every_state_has_the_successors_of_the_plain_version_in_the_same_order(sp: Space) -> None:
-    todo, seen = [walk.EMPTY], {walk.EMPTY}
+    todo, seen = [(walk.EMPTY, walk.NO_LABELS)], {walk.EMPTY}
     while todo and len(seen) < 300:
-        state = todo.pop()
-        got = list(walk.successors(sp, state))
-        assert got == list(plain_successors(sp, state)), state
-        for _, _, nxt in got:
+        state, at = todo.pop()
+        got = list(walk.successors(sp, state, at))
+        assert [(a, shapes[0], nxt) for a, shapes, nxt, _ in got] == list(plain_successors(sp, state)), state
+        for _, _, nxt, labels in got:
             if nxt not in seen:
                 seen.add(nxt)
-                todo.append(nxt)
+                todo.append((nxt, labels))
 
 
 # -- the oracle's keys -------------------------------------------------------------------------------

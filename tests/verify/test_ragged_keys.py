@@ -149,5 +149,34 @@ def test_the_probe_covers_every_kv_and_query_member_and_row_count() -> None:
     lad = LadderAgreement()
     lad.attach(BundledRuntime(RAGGED))
     # attend: blocks 1..8 with each query 1..8 that fits (4 + 7 * 8), chunked: 3 row counts x 8
-    # blocks, steps: one decode alone and one beside a chunk of each query.
-    assert lad.probed == (4 + 7 * 8) + 3 * 8 + (1 + 8)
+    # blocks, steps: one decode alone and one beside a chunk of each query, then 2, 3 and 4 decodes
+    # alone and 2 and 3 beside a one-token chunk (4 rows leave no slot for a chunk).
+    assert lad.probed == (4 + 7 * 8) + 3 * 8 + (1 + 8) + (3 + 2)
+
+
+@pytest.mark.parametrize("patch", ["batches-from-two", "never-batches"])
+def test_the_probe_holds_steps_of_two_four_and_the_most_decodes_to_the_batched_rule(
+    patch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime.ragged_metadata import RaggedBuilder
+    from spyre_verify.ragged_faults import batches_from_two
+
+    config = RuntimeConfig(layout="ragged", block_size=4, max_model_len=32, max_num_seqs=5, backend="eager")
+    if patch == "never-batches":
+        monkeypatch.setattr(
+            RaggedBuilder, "build_step", lambda self, d, c: tuple(map(self.build_attend, [*d, *([c] if c else [])]))
+        )
+    with batches_from_two() if patch == "batches-from-two" else contextlib.nullcontext():
+        lad = LadderAgreement()
+        lad.attach(BundledRuntime(config))
+    [v] = [v for v in lad.violations if v.kind == "batched-rule"]
+    rows = "2 decodes" if patch == "batches-from-two" else "4 decodes"
+    assert f"a step of {rows} alone" in v.message and "the contract batches decodes from 4 rows" in v.message
+
+
+def test_the_probe_is_quiet_on_the_batched_rule_at_the_real_threshold() -> None:
+    lad = LadderAgreement()
+    lad.attach(
+        BundledRuntime(RuntimeConfig(layout="ragged", block_size=4, max_model_len=32, max_num_seqs=5, backend="eager"))
+    )
+    assert lad.violations == [] and lad.probed > 0

@@ -4,6 +4,7 @@ configs checked by hand; then the runtime's warm set held to the walk."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from spyre_verify.oracle import accept, derive, ragged_walk
+from spyre_verify.oracle.ragged_model import RaggedModel
+from spyre_verify.oracle.results import sample
 from spyre_verify.oracle.walk import reachable
 from spyre_verify.traffic import arrivals
 from spyre_verify.workload import Abort, Arrival
@@ -193,13 +196,48 @@ def test_witnesses_replay_as_traffic() -> None:
 def test_abort_witnesses_name_requests_by_arrival() -> None:
     sp = ragged_walk.space(ragged(block_size=2, max_model_len=8, max_num_seqs=2, max_num_batched_tokens=2))
     A = ragged_walk.RaggedAction
-    # Two requests run; the older one (#0, 2 cached tokens) is row 1 of the sorted rows after the
-    # second joins with a one-token prompt (row 0): abort row 1 means abort(#0).
-    path = (A("join", 2, 4), A("join", 1, 4), A("abort", index=1))
-    assert [str(a) for a in ragged_walk.in_arrival_order(sp, path)] == ["add(2, 4)", "add(1, 4)", "abort(#0)"]
-    prefilling = (A("join", 5, 2), A("abort", index=ragged_walk.PREFILLING))
-    assert str(ragged_walk.in_arrival_order(sp, prefilling)[-1]) == "abort(#0)"
-    assert [type(i) for i in arrivals(ragged_walk.in_arrival_order(sp, path), 128)] == [Arrival, Arrival, Abort]
+
+    def follow(path: tuple[ragged_walk.RaggedAction, ...]) -> tuple[Any, Any]:
+        state, at = ragged_walk.EMPTY, ragged_walk.NO_LABELS
+        for a in path:
+            state, at = {act: (s, labels) for act, _, s, labels in ragged_walk.successors(sp, state, at)}[a]
+        return state, at
+
+    # Two requests run; the older one (#0, 3 cached tokens) is row 1 of the sorted rows after the
+    # second joins with a one-token prompt (row 0): its abort is abort(#0), and leaves #1's row.
+    state, at = follow((A("join", 2, 4), A("join", 1, 4)))
+    after = {str(a): (s, labels) for a, s, labels in ragged_walk.aborts(state, at)}
+    assert set(after) == {"abort(#0)", "abort(#1)"} and after["abort(#0)"][0] == (None, ((1, 3),))
+    # A request still prefilling is named by arrival too.
+    state, at = follow((A("join", 5, 2),))
+    assert [str(a) for a, _, _ in ragged_walk.aborts(state, at)] == ["abort(#0)"]
+    path = (A("join", 2, 4), A("join", 1, 4), A("abort", index=0))
+    assert [type(i) for i in arrivals(path, 128)] == [Arrival, Arrival, Abort]
+
+
+def test_every_sampled_path_replays_on_the_ragged_model() -> None:
+    """The random walks abort anywhere: replayed on the ragged model (request #i the i-th add),
+    every abort of a sampled path ends a request still prefilling or running."""
+    younger = 0  # aborts of other than the oldest live request: a row's place would name another
+    for kw in ({"max_num_batched_tokens": 2}, {"num_blocks": 9}, {"max_num_seqs": 3, "max_num_batched_tokens": 3}):
+        c = ragged(**{"block_size": 2, "max_model_len": 12, "max_num_seqs": 2, **kw})
+        sp = ragged_walk.space(c)
+        steps = functools.partial(ragged_walk.successors, sp)
+        sampled = sample(ragged_walk.EMPTY, ragged_walk.NO_LABELS, steps, ragged_walk.aborts, 48, 30, 1)
+        for path in sampled.paths.values():
+            model, added = RaggedModel(c), 0
+            for a in path:
+                if a.kind == "abort":
+                    live = [r.request_id for r in model.rows] + ([model.prefill.request_id] if model.prefill else [])
+                    assert f"r{a.index}" in live, (kw, path)
+                    younger += live.index(f"r{a.index}") > 0
+                    model.abort(f"r{a.index}")
+                    continue
+                if a.kind == "join":
+                    model.add(f"r{added}", a.prompt_len, a.max_tokens)
+                    added += 1
+                model.step()
+    assert younger >= 3
 
 
 # -- the runtime's warm set, held to the walk ------------------------------------------------------

@@ -93,3 +93,13 @@ def test_tracker_admits_every_request_a_dispatch_computes() -> None:
     t.on_finish(FinishEvent("a", "length", (5,), 1))
     # "c" first computed in step 1 (it waited); "a" and "b" keep the step that admitted them.
     assert t.in_flight == {"b", "c"} and t.admitted == {"a": 0, "b": 0, "c": 1} and t.waited == 1
+
+
+def test_a_builder_batching_below_the_threshold_fails_the_soak_by_the_batched_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39's probe B1 in soak: a ragged step is judged as a whole, not only by the hunt."""
+    ragged = ("--layout", "ragged", "--max-num-seqs", "5", "--fault", "builder-batches-from-two")
+    code, p, _ = soak(tmp_path, capsys, *ragged)
+    assert code == 1 and p["verdict"] == "fail"
+    assert p["violations"]["by_kind"].get("dispatch-coverage/batched-rule", 0) > 0, p["violations"]["by_kind"]
