@@ -268,6 +268,22 @@ def serve_edges(
     result.requests, result.rejected = result.requests + run.accepted, result.rejected + run.rejected
 
 
+@dataclass
+class Run:
+    """One `verify`'s state as its stages hand it on."""
+
+    result: RunResult
+    checkers: list[Checker]
+    crash: RuntimeCrash
+    graph: GraphReuse | None
+    engine: Any = None
+    driven: Any = None  # the engine through the tape: what the checkers attach to and the traffic drives
+    log: DispatchLog = field(default_factory=lambda: DispatchLog())
+    contract: bool = False
+    stage: str = "warmup"
+    served: tuple[int, int] = (0, 0)  # the seeded workload's (accepted, refused)
+
+
 def verify(
     config: RuntimeConfig,
     seams: Seams = Seams(),
@@ -288,6 +304,24 @@ def verify(
     `crowds.py`). With `coverage`, the edge traffic runs first (`serve_edges`): on every runtime, the
     protocol edges. For another runtime, `fault` is one of its own.
     """
+    run = prepare(config, checkers, fault, coverage)
+    settings = settings_for(
+        config, counting_wrapper(run.checkers), None if runtime == BUNDLED_FACTORY else fault, seams
+    )
+    run.engine = open_runtime(runtime, settings)  # closing it puts back the Dynamo limits it set
+    try:
+        if not attach(run, config, runtime):
+            return run.result
+        drive(run, workload, progress, coverage)
+        tally(run)
+        finish_checks(run, controls)
+        return run.result
+    finally:
+        run.engine.close()
+
+
+def prepare(config: RuntimeConfig, checkers: list[Checker] | None, fault: str | None, coverage: bool) -> Run:
+    """The checkers (a crash checker always among them) and the result they fill."""
     checkers = checkers if checkers is not None else all_checkers()
     crash = next((c for c in checkers if isinstance(c, RuntimeCrash)), None)
     if crash is None:
@@ -297,103 +331,125 @@ def verify(
     dispatch = next((c for c in checkers if isinstance(c, DispatchCoverage)), None)
     if dispatch is not None and coverage:
         dispatch.require_coverage = True
-    result = RunResult(config, fault, checkers)
-    settings = settings_for(config, counting_wrapper(checkers), None if runtime == BUNDLED_FACTORY else fault, seams)
-    # Closing the engine puts back the Dynamo limits it set.
-    engine = open_runtime(runtime, settings)
+    return Run(RunResult(config, fault, checkers), checkers, crash, graph)
+
+
+def attach(run: Run, config: RuntimeConfig, runtime: str) -> bool:
+    """Attach every checker the runtime's capabilities allow, through the tape; False when a strict
+    checker stopped the run at attach."""
+    engine, result = run.engine, run.result
+    result.runtime = engine.name
+    result.rules = dict(getattr(engine, "rules", {}) or {})
+    result.runtime_config = None if runtime == BUNDLED_FACTORY else reported(engine)
+    # A declared contract: the harness's config, completed by the declaration, is the one judged.
+    result.config = config = expected_config(config, engine)
+    run.contract = "design_contract" in engine.capabilities
+    engine.subscribe(run.log)
+    # The traffic's calls, kept for a finding's reproducer; the checkers attach through it, so that
+    # they judge the requests the harness sent, not the runtime's echo of them.
+    run.driven = Taped(engine, config=config if run.contract else None)
+    result.tape = run.driven.tape
     try:
-        result.runtime = engine.name
-        result.rules = dict(getattr(engine, "rules", {}) or {})
-        result.runtime_config = None if runtime == BUNDLED_FACTORY else reported(engine)
-        # A declared contract: the harness's config, completed by the declaration, is the one judged.
-        result.config = config = expected_config(config, engine)
-        contract = "design_contract" in engine.capabilities
-        edges, crowds, coverage = coverage, coverage and not contract, coverage and contract
-        log = DispatchLog()
-        engine.subscribe(log)
-        # The traffic's calls, kept for a finding's reproducer; the checkers attach through it, so that
-        # they judge the requests the harness sent, not the runtime's echo of them.
-        driven = Taped(engine, config=config if contract else None)
-        result.tape = driven.tape
+        for c in run.checkers:
+            if not c.skip(engine.capabilities, layout_of(engine)):
+                c.attach(run.driven)
+    except InvariantViolation as e:  # a strict checker (a control's, stopping early) flagged at attach
+        result.error = f"attach stopped: {e.violations[0]}"
+        return False
+    run.checkers = run.driven.checkers = [c for c in run.checkers if c.not_run is None]
+    run.graph = run.graph if run.graph in run.checkers else None
+    return True
+
+
+def drive(run: Run, workload: Sequence[Item] | None, progress: Progress | None, coverage: bool) -> None:
+    """Warmup, preflight, then all traffic under the serving stance; a stop or a crash is recorded
+    against the stage it happened in."""
+    t0 = time.perf_counter()
+    try:
+        warm(run, progress)
+        run.stage, t0 = "serving", time.perf_counter()
+        with run.graph.guard() if run.graph is not None else contextlib.nullcontext():
+            serve_all(run, workload, progress, coverage)
+    except InvariantViolation as e:
+        run.result.error = f"{run.stage} stopped: {e.violations[0]}"
+    except Exception as e:  # the runtime under test raised: a finding, not a traceback
+        run.crash.record(run.stage, e)
+        run.result.error = f"{run.stage} crashed: {first_line(e)}"
+    run.result.serve_seconds = time.perf_counter() - t0
+
+
+def warm(run: Run, progress: Progress | None) -> None:
+    engine, result = run.engine, run.result
+    t0 = time.perf_counter()
+    if progress:
+        progress(f"warmup: compiling {len(engine.warm_plan())} graphs with {result.config.backend}")
+    with result.timing("warmup"):
+        engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
+    result.warmup_graphs = run.log.warmup_graphs
+    result.warmup_seconds = time.perf_counter() - t0
+    if run.graph is not None:
+        run.stage = "preflight"
+        run.graph.preflight()
+
+
+def serve_all(run: Run, workload: Sequence[Item] | None, progress: Progress | None, coverage: bool) -> None:
+    """The seeded workload, the edge traffic, then coverage traffic (the walk's witnesses on a
+    contract runtime; crowds and a bounded hunt on another)."""
+    driven, result, checkers = run.driven, run.result, run.checkers
+    # Stop tokens, ignore_eos and aborts mixed in: every way a request ends is served and judged.
+    workload = workload if workload is not None else seeded_workload(run.engine.config, 40, endings=True)
+    with result.timing("traffic"):
+        result.requests, result.rejected = run.served = serve(driven, workload, progress, checkers)
+    if coverage:
+        with result.timing("traffic"):
+            serve_edges(driven, run.contract, result, progress, checkers)
+    if coverage and run.contract:
+        run.stage = "coverage traffic"
+        with result.timing("coverage"):
+            result.scenarios, result.coverage_problems = cover(driven, progress, checkers)
+    elif coverage:  # no walk to follow: every width at every length rung, then a bounded hunt
+        run.stage = "crowd traffic"
+        with result.timing("coverage"):
+            result.crowds = crowd_traffic_for_check(driven, result.config, checkers, progress)
+
+
+def tally(run: Run) -> None:
+    """What the traffic did, and why a run that served too little cannot pass."""
+    result, log = run.result, run.log
+    result.steps = run.engine.steps
+    result.finished_by_reason = dict(log.finishes)
+    result.most_chunks = 1 + max(log.chunks.values()) if log.chunks else 0
+    if result.error is None:
+        result.error = served_nothing(result.requests, result.rejected, result.steps)
+    if result.error is None:
+        fits = run.contract and decode_fits(result.config)  # another runtime's kernels are its own to name
+        # The workload's own refusals: the admission-edge traffic after it is refused on purpose.
+        result.error = verified_too_little(*run.served, log.decode_steps, fits)
+    if result.error is None and run.graph is None and any(isinstance(c, GraphReuse) for c in result.checkers):
+        # Without it nothing served under the fail_on_recompile stance and no compile was counted
+        # from the harness's side: the run cannot say that warmup's graphs were reused.
+        why = next(c.not_run for c in result.checkers if isinstance(c, GraphReuse))
+        result.error = f"verified too little: graph-reuse did not run ({why}), so serving was not guarded"
+    result.dispatch = {str(b): n for b, n in ordered(log.counts().items())}
+
+
+def finish_checks(run: Run, controls: bool) -> None:
+    """Every checker's end-of-run judgement, then the control calls."""
+    result = run.result
+    for c in run.checkers:
+        # The output check runs the eager reference of every request: the phase users ask about.
         try:
-            for c in checkers:
-                if not c.skip(engine.capabilities, layout_of(engine)):
-                    c.attach(driven)
-        except InvariantViolation as e:  # a strict checker (a control's, stopping early) flagged at attach
-            result.error = f"attach stopped: {e.violations[0]}"
-            return result
-        checkers = driven.checkers = [c for c in checkers if c.not_run is None]
-        graph = graph if graph in checkers else None
-        stage = "warmup"
-        served: tuple[int, int] = (0, 0)  # the seeded workload's (accepted, refused)
-        t0 = time.perf_counter()
+            with result.timing("reference" if isinstance(c, OutputEquivalence) else "checks"):
+                c.finish(run.engine)
+        except InvariantViolation:
+            pass
+        except Exception as e:
+            run.crash.record(f"the {c.name} check's end-of-run inspection", e)
+    if controls and run.graph is not None:
         try:
-            if progress:
-                progress(f"warmup: compiling {len(engine.warm_plan())} graphs with {config.backend}")
-            with result.timing("warmup"):
-                engine.warmup(lambda i, n, b: progress(f"warmup: {i}/{n} {b}") if progress else None)
-            result.warmup_graphs = log.warmup_graphs
-            result.warmup_seconds = time.perf_counter() - t0
-            if graph is not None:
-                stage = "preflight"
-                graph.preflight()
-            stage = "serving"
-            # Stop tokens, ignore_eos and aborts mixed in: every way a request ends is served and judged.
-            workload = workload if workload is not None else seeded_workload(engine.config, 40, endings=True)
-            t0 = time.perf_counter()
-            with graph.guard() if graph is not None else contextlib.nullcontext():
-                with result.timing("traffic"):
-                    result.requests, result.rejected = served = serve(driven, workload, progress, checkers)
-                if edges:
-                    with result.timing("traffic"):
-                        serve_edges(driven, contract, result, progress, checkers)
-                if coverage:
-                    stage = "coverage traffic"
-                    with result.timing("coverage"):
-                        result.scenarios, result.coverage_problems = cover(driven, progress, checkers)
-                elif crowds:  # no walk to follow: every width at every length rung, then a bounded hunt
-                    stage = "crowd traffic"
-                    with result.timing("coverage"):
-                        result.crowds = crowd_traffic_for_check(driven, config, checkers, progress)
-        except InvariantViolation as e:
-            result.error = f"{stage} stopped: {e.violations[0]}"
-        except Exception as e:  # the runtime under test raised: a finding, not a traceback
-            crash.record(stage, e)
-            result.error = f"{stage} crashed: {first_line(e)}"
-        result.serve_seconds = time.perf_counter() - t0
-        result.steps = engine.steps
-        result.finished_by_reason = dict(log.finishes)
-        result.most_chunks = 1 + max(log.chunks.values()) if log.chunks else 0
-        if result.error is None:
-            result.error = served_nothing(result.requests, result.rejected, result.steps)
-        if result.error is None:
-            decodes = log.decode_steps
-            fits = contract and decode_fits(config)  # another runtime's kernels are its own to name
-            # The workload's own refusals: the admission-edge traffic after it is refused on purpose.
-            result.error = verified_too_little(*served, decodes, fits)
-        if result.error is None and graph is None and any(isinstance(c, GraphReuse) for c in result.checkers):
-            # Without it nothing served under the fail_on_recompile stance and no compile was counted
-            # from the harness's side: the run cannot say that warmup's graphs were reused.
-            why = next(c.not_run for c in result.checkers if isinstance(c, GraphReuse))
-            result.error = f"verified too little: graph-reuse did not run ({why}), so serving was not guarded"
-        result.dispatch = {str(b): n for b, n in ordered(log.counts().items())}
-        for c in checkers:
-            # The output check runs the eager reference of every request: the phase users ask about.
-            try:
-                with result.timing("reference" if isinstance(c, OutputEquivalence) else "checks"):
-                    c.finish(engine)
-            except InvariantViolation:
-                pass
-            except Exception as e:
-                crash.record(f"the {c.name} check's end-of-run inspection", e)
-        if controls and graph is not None:
-            try:
-                with result.timing("controls"):
-                    graph.run_controls()
-            except InvariantViolation:
-                pass
-            except Exception as e:
-                crash.record("the control calls", e)
-        return result
-    finally:
-        engine.close()
+            with result.timing("controls"):
+                run.graph.run_controls()
+        except InvariantViolation:
+            pass
+        except Exception as e:
+            run.crash.record("the control calls", e)

@@ -358,7 +358,7 @@ SEEDED = "a seeded fault is the runtime's own code rewritten: the faulty builder
 PROBE = "the builder probe: the bucket the runtime's builder picks is the actual side, held to the oracle's key"
 ALLOWED: dict[str, str] = {
     # progress messages: how many graphs the runtime is about to compile, said to the user
-    "session.py: verify: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
+    "session.py: warm: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "soak.py: soak: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "bench/engine.py: build_rigs: engine.warm_plan()": "progress message: the count of graphs the runtime says it "
     "will compile",
@@ -447,34 +447,34 @@ ALLOWED: dict[str, str] = {
     "cli/ladders.py: run: c.usable_blocks": PRINTS,
     "cli/ladders.py: run: c.max_blocks_per_seq": PRINTS,
     # fault injection builds the broken runtime: it must read the runtime's values to break them
-    "faults.py: own_ladder_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's "
+    "faults/__init__.py: own_ladder_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's "
     "ladder wrongly",
-    "faults.py: inline_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's ladder "
+    "faults/__init__.py: inline_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's ladder "
     "wrongly",
-    "faults.py: limit_from_kv_ladder.compile_limits: config.max_blocks_per_seq": "a seeded fault sizes the recompile "
+    "faults/__init__.py: limit_from_kv_ladder.compile_limits: config.max_blocks_per_seq": "a seeded fault sizes the recompile "
     "limit from the runtime's KV ladder",
-    "faults.py: <module>: b.bucketer.config.total_blocks": "a seeded fault pads with the runtime's own out-of-pool id",
-    "faults.py: builder_rounding.patch.build_decode: self.row()": SEEDED,
-    "ragged_faults.py: wide_step_queries.build_step: self.bucketer.attend_bucket()": "a seeded fault is the "
+    "faults/__init__.py: <module>: b.bucketer.config.total_blocks": "a seeded fault pads with the runtime's own out-of-pool id",
+    "faults/__init__.py: builder_rounding.patch.build_decode: self.row()": SEEDED,
+    "faults/ragged.py: wide_step_queries.build_step: self.bucketer.attend_bucket()": "a seeded fault is the "
     "runtime's own code rewritten: the faulty builder still asks its bucketer, for the wrong query width",
-    "ragged_faults.py: wide_step_queries.build_step: self.blocks_for()": SEEDED,
-    "ragged_faults.py: own_query_ladder.attend_bucket: self.bucketer.config.token_budget": SEEDED,
-    "ragged_faults.py: batches_from_two.build_step: self.bucketer.config.batched_from": SEEDED,
-    "ragged_faults.py: batches_from_two.build_step: self.bucketer.num_seqs": "a seeded bug is runtime code: the "
+    "faults/ragged.py: wide_step_queries.build_step: self.blocks_for()": SEEDED,
+    "faults/ragged.py: own_query_ladder.attend_bucket: self.bucketer.config.token_budget": SEEDED,
+    "faults/ragged.py: batches_from_two.build_step: self.bucketer.config.batched_from": SEEDED,
+    "faults/ragged.py: batches_from_two.build_step: self.bucketer.num_seqs": "a seeded bug is runtime code: the "
     "patched builder asks its own bucketer whether a batched kernel exists, as the real builder does",
-    "ragged_faults.py: batches_from_two.build_step: self.build_chunked()": SEEDED,
-    "ragged_faults.py: batches_from_two.build_step: self.build_attend()": SEEDED,
-    "ragged_faults.py: query_override: c.token_budget": "a seeded fault picks a config whose query ladder shows it",
-    "ragged_faults_kv.py: chunk_offset_ignored.build_step: self.slots()": SEEDED,
-    "fault_configs.py: sparse_override: c.max_blocks_per_seq": "a seeded fault sizes the runtime's ladder wrongly",
-    "fault_configs.py: split_prompts: c.token_budget": "a seeded fault picks a config whose prompts are chunked",
-    "fault_configs.py: with_pruning: c.token_budget": "a seeded fault picks a config whose bucketer prunes",
-    "fault_configs.py: with_pruning: SpyreAttnBucketer": "a seeded fault picks a config whose bucketer prunes",
-    "fault_configs.py: with_pruning: SpyreAttnBucketer(c).pruned()": "a seeded fault picks a config whose bucketer "
+    "faults/ragged.py: batches_from_two.build_step: self.build_chunked()": SEEDED,
+    "faults/ragged.py: batches_from_two.build_step: self.build_attend()": SEEDED,
+    "faults/ragged.py: query_override: c.token_budget": "a seeded fault picks a config whose query ladder shows it",
+    "faults/ragged_kv.py: chunk_offset_ignored.build_step: self.slots()": SEEDED,
+    "faults/configs.py: sparse_override: c.max_blocks_per_seq": "a seeded fault sizes the runtime's ladder wrongly",
+    "faults/configs.py: split_prompts: c.token_budget": "a seeded fault picks a config whose prompts are chunked",
+    "faults/configs.py: with_pruning: c.token_budget": "a seeded fault picks a config whose bucketer prunes",
+    "faults/configs.py: with_pruning: SpyreAttnBucketer": "a seeded fault picks a config whose bucketer prunes",
+    "faults/configs.py: with_pruning: SpyreAttnBucketer(c).pruned()": "a seeded fault picks a config whose bucketer "
     "prunes",
-    "fault_configs.py: unpruned: SpyreAttnBucketer": "a seeded fault warms the runtime's pruned buckets",
-    "fault_configs.py: unpruned: SpyreAttnBucketer(c).pruned()": "a seeded fault warms the runtime's pruned buckets",
-    "fault_configs.py: binding_limit: c.batch_tkv_limit": "a seeded fault picks a config whose limit binds",
+    "faults/configs.py: unpruned: SpyreAttnBucketer": "a seeded fault warms the runtime's pruned buckets",
+    "faults/configs.py: unpruned: SpyreAttnBucketer(c).pruned()": "a seeded fault warms the runtime's pruned buckets",
+    "faults/configs.py: binding_limit: c.batch_tkv_limit": "a seeded fault picks a config whose limit binds",
 }
 
 

@@ -14,7 +14,7 @@ pytest_plugins = ["pytester"]
 SERVE = """
 import pytest
 from spyre_verify.checks.violations import InvariantViolation
-from spyre_verify.ragged_faults import batches_from_two
+from spyre_verify.faults.ragged import batches_from_two
 
 def test_serve(spyre_engine):
     with batches_from_two():

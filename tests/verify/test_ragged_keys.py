@@ -17,11 +17,11 @@ from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey, Spy
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, BatchInfo, DispatchEvent
 from runtime.ragged_metadata import RaggedBuilder
-from spyre_verify import ragged_faults
 from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.checks.ladders import LadderAgreement, probe_builder
 from spyre_verify.checks.ragged_calls import call_key, describe_call
+from spyre_verify.faults import ragged as ragged_faults
 from spyre_verify.oracle.derive import ladders
 
 RAGGED = RuntimeConfig(
@@ -159,7 +159,7 @@ def test_the_probe_holds_steps_of_two_four_and_the_most_decodes_to_the_batched_r
     patch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from runtime.ragged_metadata import RaggedBuilder
-    from spyre_verify.ragged_faults import batches_from_two
+    from spyre_verify.faults.ragged import batches_from_two
 
     config = RuntimeConfig(layout="ragged", block_size=4, max_model_len=32, max_num_seqs=5, backend="eager")
     if patch == "never-batches":

@@ -23,7 +23,7 @@ from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.padding_rules import ragged_table_problems
-from spyre_verify.ragged_faults_kv import chunk_offset_ignored
+from spyre_verify.faults.ragged_kv import chunk_offset_ignored
 
 # T = 8 with up to 3 rows decoding: prompts of 20-30 tokens take 3 to 6 chunks. E = 2 walks a
 # chunked table one block a chunk, so it has several chunks; 3 rows of 4 leave a padded row.

@@ -38,7 +38,7 @@ from runtime.requests import RequestQueue
 from runtime.scheduler import Admission, Request, Scheduler
 from runtime.warmup import Seams
 from spyre_verify.errors import UsageError
-from spyre_verify.fault_configs import (
+from spyre_verify.faults.configs import (
     binding_limit,
     over_pruned,
     sparse_override,
@@ -49,15 +49,15 @@ from spyre_verify.fault_configs import (
 )
 
 # dropped_bucket: the bucket over-pruned-warmup drops, which the tests name.
-from spyre_verify.fault_configs import dropped_bucket as dropped_bucket
-from spyre_verify.ragged_faults import (
+from spyre_verify.faults.configs import dropped_bucket as dropped_bucket
+from spyre_verify.faults.ragged import (
     batched_below_four,
     batches_from_two,
     own_query_ladder,
     query_override,
     wide_step_queries,
 )
-from spyre_verify.ragged_faults_kv import chunk_offset_ignored
+from spyre_verify.faults.ragged_kv import chunk_offset_ignored
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Each is a patch of the component it breaks (`runtime.ragged_metadata.RaggedBuilder`), written
 the way a developer would write the bug, in the style of `spyre_verify.faults`: a function
-returning a context manager that holds the bug while entered. `faults.py` registers them:
+returning a context manager that holds the bug while entered. The catalog (`faults/__init__.py`) registers them:
 
 - `wide_step_queries` (`batch-wide-query-width`): `build_step` pads every per-sequence call
   of a step to the step's widest query, so a decode beside a prefill chunk dispatches on the
