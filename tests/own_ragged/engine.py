@@ -255,4 +255,4 @@ def make(settings: Settings) -> OwnRaggedEngine:
     return OwnRaggedEngine(Config.from_settings(settings), settings.wrap_backend, Faults.named(settings.fault))
 
 
-make.default_sizes = {"block_size": 4, "max_model_len": 32, "max_num_seqs": 4}  # type: ignore[attr-defined]
+make.default_sizes = {"block_size": 2, "max_model_len": 8, "max_num_seqs": 4}  # type: ignore[attr-defined]

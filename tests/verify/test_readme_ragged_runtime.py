@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Your own ragged runtime"
 CONTRACT_CHECKS = ("contract-conformance", "ladder-agreement", "warmup-exactness")
 # The gate's budget: the eager backend, a few requests, the smallest sizes that still batch.
-SMALL = ["--backend", "eager", "--requests", "6", "--max-model-len", "16", "--block-size", "4", "--max-num-seqs", "4"]
+SMALL = ["--backend", "eager", "--requests", "6", "--max-model-len", "8", "--block-size", "2", "--max-num-seqs", "4"]
 # A wrong label: every dispatch announced one KV block wider than it ran.
 WIDER = """    if "batch" in values:
         kernel, kv, *rest = values["bucket"]
@@ -69,7 +69,7 @@ def test_runtimes_shows_the_declaration_and_grants_the_contract(
     out = capsys.readouterr().out
     mine = out[out.index("my_ragged:make  my_ragged:make") :]
     assert "design_contract" in mine.splitlines()[1]
-    assert "declares: layout=ragged, block_size=4, max_model_len=16, max_num_seqs=4" in mine
+    assert "declares: layout=ragged, block_size=2, max_model_len=8, max_num_seqs=4" in mine
 
 
 def test_every_contract_check_runs_and_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

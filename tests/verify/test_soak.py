@@ -99,7 +99,8 @@ def test_a_builder_batching_below_the_threshold_fails_the_soak_by_the_batched_ru
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 39's probe B1 in soak: a ragged step is judged as a whole, not only by the hunt."""
-    ragged = ("--layout", "ragged", "--max-num-seqs", "5", "--fault", "builder-batches-from-two")
+    ragged = ("--layout", "ragged", "--max-num-seqs", "5", "--max-model-len", "8", "--block-size", "2")
+    ragged += ("--fault", "builder-batches-from-two", "--requests", "20")
     code, p, _ = soak(tmp_path, capsys, *ragged)
     assert code == 1 and p["verdict"] == "fail"
     assert p["violations"]["by_kind"].get("dispatch-coverage/batched-rule", 0) > 0, p["violations"]["by_kind"]
