@@ -530,8 +530,7 @@ BUGS: list[Bug] = [
         "an abort of a request that already ended returns quietly instead of refusing: the client is told it "
         "aborted something that had finished (caught only when traffic happens to abort late; the edge "
         "scenarios do it on every config)",
-        SCHED,
-        expect="silent-abort",
+        SCHED,  # pinned by tests/verify/test_edge_scenarios.py (monkeypatched: no copy of the tree): silent-abort
     ),
     bug(
         "ignore-eos-silences-stop-tokens",
@@ -539,8 +538,7 @@ BUGS: list[Bug] = [
         "        if t in r.stop_token_ids or (t == self.config.model.eos_token_id and not r.ignore_eos):\n",
         "        if not r.ignore_eos and (t in r.stop_token_ids or t == self.config.model.eos_token_id):\n",
         "ignore_eos also silences the request's own stop tokens, which still end it in vLLM",
-        SCHED,
-        expect="finish-reason",
+        SCHED,  # pinned by tests/verify/test_edge_scenarios.py (monkeypatched: no copy of the tree): finish-reason
     ),
     bug(
         "one-token-prompt-refused",

@@ -252,7 +252,7 @@ def test_verify_with_kv_integrity_passes() -> None:
     from runtime.config import RuntimeConfig
     from spyre_verify.session import all_checkers, verify
 
-    config = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
+    config = RuntimeConfig(block_size=2, max_model_len=8, max_num_seqs=4, backend="eager")
     result = verify(config, checkers=all_checkers(kv_integrity=True), controls=False, runtime=RUNTIME)
     assert result.ok, (result.error, [str(v) for v in result.violations][:3])
     assert result.checker("padding-validity").summary()["observed"]["integrity_checks"] > 0

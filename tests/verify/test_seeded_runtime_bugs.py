@@ -120,8 +120,6 @@ def test_the_issue_classes_are_pinned_and_their_edits_apply() -> None:
         "request-echo",  # issue 39's probe E: the request judged is the one sent
         "delivery-mismatch",  # probe C: what users read is what was judged
         "batched-rule",  # probe B1: a ragged step is judged as a whole
-        "silent-abort",  # edge traffic: an abort of an ended id, on every config
-        "finish-reason",  # edge traffic: stop tokens with ignore_eos
     }
 
 
