@@ -216,6 +216,8 @@ _SET_FOR_COMMAND: dict[str, str | None] = {}
 def command_env() -> Iterator[None]:
     from spyre_verify.runtimes import forget_resolutions
 
+    # What a config read outside any command set (a library caller's) is not this command's to undo.
+    _SET_FOR_COMMAND.clear()
     try:
         yield
     finally:
