@@ -1,6 +1,6 @@
 """The one arrival-and-serve loop: submit each arrival before its step, step until drained.
 
-`check` (`session.serve`), `soak`, coverage traffic (`traffic.drive`, for `check` and
+`check` (`serve_judged`, below), `soak`, coverage traffic (`traffic.drive`, for `check` and
 `audit`) and the benchmarks all serve through `serve`, so they share one idle rule: an
 engine with nothing to do while arrivals are still to come skips ahead to the next
 arrival, keeping the gaps between the later ones. It drives anything with the engine's
@@ -246,3 +246,24 @@ def judged_by(observers: Sequence[Any]) -> Rejected:
             j(a.prompt, a.max_tokens, str(e))
 
     return judge
+
+
+def serve_judged(
+    engine: Any, workload: Sequence[Item], progress: Callable[[str], None] | None = None, observers: Sequence[Any] = ()
+) -> tuple[int, int]:
+    """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
+
+    A rejected request is shown to every observer with an `on_rejected` method, so a
+    contract model can judge the refusal.
+    """
+
+    arrivals = sum(isinstance(a, Arrival) for a in workload)
+
+    def note(_: object, s: ServeStats) -> None:
+        if progress and engine.steps % 50 == 0:
+            progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
+
+    stats = serve(
+        engine, workload, on_rejected=judged_by(observers), on_abort=aborts_judged_by(observers), on_step=note
+    )
+    return stats.accepted, stats.rejected

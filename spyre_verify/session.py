@@ -15,7 +15,6 @@ from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent
 from runtime.warmup import Seams
-from spyre_verify import serve_loop
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.describe import ordered
@@ -31,15 +30,15 @@ from spyre_verify.checks.violations import Checker, InvariantViolation, Violatio
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.crowds import crowd_traffic_for_check
 from spyre_verify.declared import expected_config
-from spyre_verify.edges import Edge, EdgeRules, abort_edges, boundary_arrivals, chunk_edges, protocol_edges
+from spyre_verify.edges import Edge, EdgeRules, serve_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
 from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import ServeStats, aborts_judged_by, judged_by
+from spyre_verify.serve_loop import serve_judged
 from spyre_verify.tape import Tape, Taped
-from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.workload import Arrival, Item, seeded_workload
+from spyre_verify.traffic import cover
+from spyre_verify.workload import Item, seeded_workload
 
 
 def always_on(strict: bool = False, kv_integrity: bool = False) -> list[Checker]:
@@ -207,67 +206,6 @@ def served_nothing(accepted: int, rejected: int, steps: int) -> str | None:
     )
 
 
-def serve(
-    engine: Any, workload: Sequence[Item], progress: Progress | None = None, observers: Sequence[Any] = ()
-) -> tuple[int, int]:
-    """Serve the workload to completion through `serve_loop.serve`; returns (accepted, rejected).
-
-    A rejected request is shown to every observer with an `on_rejected` method, so a
-    contract model can judge the refusal.
-    """
-
-    arrivals = sum(isinstance(a, Arrival) for a in workload)
-
-    def note(_: object, s: ServeStats) -> None:
-        if progress and engine.steps % 50 == 0:
-            progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
-
-    stats = serve_loop.serve(
-        engine, workload, on_rejected=judged_by(observers), on_abort=aborts_judged_by(observers), on_step=note
-    )
-    return stats.accepted, stats.rejected
-
-
-def cover(engine: Any, progress: Progress | None = None, checkers: Sequence[Checker] = ()) -> tuple[int, list[str]]:
-    """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses).
-
-    The scenarios are traffic like any other: their refusals and aborts go to the checkers, and
-    each miss is a `coverage-miss` violation of dispatch-coverage (when it runs) naming the
-    bucket, the witness and what the runtime did instead."""
-    scenarios = coverage_scenarios(engine.config)
-    if progress:
-        progress(f"coverage: {len(scenarios)} scenarios, one per reachable bucket")
-    limit = step_limit(engine.config)
-    judge, aborts = judged_by(checkers), aborts_judged_by(checkers)
-    dispatch = next((c for c in checkers if isinstance(c, DispatchCoverage) and c.not_run is None), None)
-    misses = []
-    for sc in scenarios:
-        miss = run_scenario(engine, sc, limit, on_rejected=judge, on_abort=aborts)
-        if miss is None:
-            continue
-        misses.append(miss)
-        if dispatch is not None:
-            dispatch.coverage_miss(sc.target, miss)
-    return len(scenarios), misses
-
-
-def serve_edges(
-    engine: Any, contract: bool, result: RunResult, progress: Progress | None, checkers: Sequence[Checker]
-) -> None:
-    """The edge traffic after the workload. With the contract: the edge of admission, each request
-    admitted or refused exactly as DESIGN says, aborts of running requests (which the workload's
-    queue makes rare) and (ragged) a prompt in chunks. On every runtime: the protocol edges, one
-    scenario a refusal and ending rule, recorded in `result.edges`."""
-    config = engine.config
-    for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)) if contract else ():
-        edge = serve(engine, edges, progress, checkers)
-        result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
-    if progress:
-        progress("edges: aborts of an ended, a refused and an unknown id; stop tokens, EOS and max_tokens 1")
-    run = protocol_edges(engine, checkers, into=result.edges)
-    result.requests, result.rejected = result.requests + run.accepted, result.rejected + run.rejected
-
-
 @dataclass
 class Run:
     """One `verify`'s state as its stages hand it on."""
@@ -301,7 +239,7 @@ def verify(
     and the batch; the run still finishes its checks and returns a result. `runtime` is the
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
     coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
-    `crowds.py`). With `coverage`, the edge traffic runs first (`serve_edges`): on every runtime, the
+    `crowds.py`). With `coverage`, the edge traffic runs first (`edges.serve_edges`): on every runtime, the
     protocol edges. For another runtime, `fault` is one of its own.
     """
     run = prepare(config, checkers, fault, coverage)
@@ -399,7 +337,7 @@ def serve_all(run: Run, workload: Sequence[Item] | None, progress: Progress | No
     # Stop tokens, ignore_eos and aborts mixed in: every way a request ends is served and judged.
     workload = workload if workload is not None else seeded_workload(run.engine.config, 40, endings=True)
     with result.timing("traffic"):
-        result.requests, result.rejected = run.served = serve(driven, workload, progress, checkers)
+        result.requests, result.rejected = run.served = serve_judged(driven, workload, progress, checkers)
     if coverage:
         with result.timing("traffic"):
             serve_edges(driven, run.contract, result, progress, checkers)

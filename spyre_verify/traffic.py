@@ -9,13 +9,15 @@ reported by whoever runs it, never a reason to drop or rewrite the scenario.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
+from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.oracle.walk import Action, reachable
-from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, serve
+from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, aborts_judged_by, judged_by, serve
 from spyre_verify.workload import Abort, Arrival, Item
 
 
@@ -171,3 +173,28 @@ def run_scenario(
         f"{scenario.target}: the walk's witness '{scenario.witness}' must dispatch it; "
         f"the engine dispatched {sorted(set(map(str, seen)))}"
     )
+
+
+def cover(
+    engine: Any, progress: Callable[[str], None] | None = None, checkers: Sequence[Any] = ()
+) -> tuple[int, list[str]]:
+    """Drive one scenario per reachable bucket (the oracle's witnesses); (scenarios run, misses).
+
+    The scenarios are traffic like any other: their refusals and aborts go to the checkers, and
+    each miss is a `coverage-miss` violation of dispatch-coverage (when it runs) naming the
+    bucket, the witness and what the runtime did instead."""
+    scenarios = coverage_scenarios(engine.config)
+    if progress:
+        progress(f"coverage: {len(scenarios)} scenarios, one per reachable bucket")
+    limit = step_limit(engine.config)
+    judge, aborts = judged_by(checkers), aborts_judged_by(checkers)
+    dispatch = next((c for c in checkers if isinstance(c, DispatchCoverage) and c.not_run is None), None)
+    misses = []
+    for sc in scenarios:
+        miss = run_scenario(engine, sc, limit, on_rejected=judge, on_abort=aborts)
+        if miss is None:
+            continue
+        misses.append(miss)
+        if dispatch is not None:
+            dispatch.coverage_miss(sc.target, miss)
+    return len(scenarios), misses

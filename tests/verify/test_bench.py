@@ -30,8 +30,8 @@ from spyre_verify.checks.graph_reuse import counting_wrapper
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
+from spyre_verify.serve_loop import serve_judged as engine_serve
 from spyre_verify.session import DispatchLog, always_on
-from spyre_verify.session import serve as engine_serve
 from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
 

@@ -17,7 +17,7 @@ from spyre_verify.checks.dispatch import DispatchCoverage, nearest_warm
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.oracle.walk import reachable
-from spyre_verify.session import serve
+from spyre_verify.serve_loop import serve_judged as serve
 from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
 from spyre_verify.workload import seeded_workload
 
