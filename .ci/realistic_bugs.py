@@ -238,8 +238,8 @@ BUGS: list[Bug] = [
     bug(
         "pool-loses-last-block",
         "runtime/block_pool.py",
-        "        self._free: deque[int] = deque(range(1, num_blocks))\n",
-        "        self._free: deque[int] = deque(range(1, num_blocks - 1))\n",
+        "        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))",
+        "        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks - 1))",
         "the free list skips the null block and the last block too",
         BOUND,
     ),

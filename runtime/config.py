@@ -22,6 +22,7 @@ from runtime.env import (
     ENV_BATCHED_TOKENS,
     ENV_KV_BUCKETS,
     ENV_LAYOUT,
+    ENV_PREFIX_CACHING,
     ENV_QUERY_BUCKETS,
     ENV_VARIABLES,
     LAYOUTS,
@@ -89,6 +90,9 @@ class RuntimeConfig:
     # Ragged only: the query rungs above 1, in tokens, increasing, the last T. 1 is implied: the bottom
     # rung of every query ladder is never written (SPYRE_ATTN_QUERY_BUCKETS=4,16 means [1, 4, 16]).
     query_buckets: tuple[int, ...] | None = None
+    # Ragged only (DESIGN "Prefix caching"): a cache hit starts a prompt's first chunk at a block
+    # boundary. None: the layout's default, on under ragged (as vLLM V1); any value under padded is refused.
+    enable_prefix_caching: bool | None = None
     backend: str = "inductor"
     device: str = "cpu"
     dtype: str = "float32"
@@ -134,6 +138,11 @@ class RuntimeConfig:
         return self.layout == "ragged"
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether requests share cached prompt blocks: the layout's default unless set."""
+        return self.ragged if self.enable_prefix_caching is None else self.enable_prefix_caching
+
+    @property
     def token_budget(self) -> int:
         """Ragged: the tokens one step may compute (T), decodes and the chunk together."""
         if self.max_num_batched_tokens is not None:
@@ -168,6 +177,8 @@ class RuntimeConfig:
             kwargs["max_num_batched_tokens"] = parse_count(env[ENV_BATCHED_TOKENS], ENV_BATCHED_TOKENS)
         if ENV_QUERY_BUCKETS in env:
             kwargs["query_buckets"] = parse_kv_buckets(env[ENV_QUERY_BUCKETS], ENV_QUERY_BUCKETS)
+        if ENV_PREFIX_CACHING in env:
+            kwargs["enable_prefix_caching"] = parse_flag(env[ENV_PREFIX_CACHING], ENV_PREFIX_CACHING)
         return cls(**kwargs)
 
     def env_overrides(self) -> dict[str, str]:
@@ -187,6 +198,8 @@ class RuntimeConfig:
             out[ENV_BATCHED_TOKENS] = str(self.max_num_batched_tokens)
         if self.query_buckets is not None:
             out[ENV_QUERY_BUCKETS] = ",".join(str(b) for b in self.query_buckets)
+        if self.enable_prefix_caching is not None:
+            out[ENV_PREFIX_CACHING] = "1" if self.enable_prefix_caching else "0"
         return out
 
 
@@ -219,6 +232,7 @@ OPTIONAL = (
     "max_num_batched_tokens",
     "batched_decode_entries",
     "query_buckets",
+    "enable_prefix_caching",
 )
 # In order: the first broken rule is the error, and a rule relies on the ones above it
 # (a count is checked before arithmetic on it, num_heads before hidden_size divides by it).
@@ -250,7 +264,9 @@ RULES: tuple[Rule, ...] = (
     *((f, lambda v, c: c.ragged, f"{what} is a ragged-layout setting; unset it or use layout=ragged")
       for f, what in (("max_num_batched_tokens", "the step token budget"),
                       ("batched_decode_entries", "the batched kernel's entry target"),
-                      ("query_buckets", "the query ladder"))),
+                      ("query_buckets", "the query ladder"),
+                      ("enable_prefix_caching", "prefix caching"))),
+    ("enable_prefix_caching", lambda v, c: isinstance(v, bool), "must be True or False"),
     ("max_num_batched_tokens", lambda v, c: _count(v) and v <= MAX_BATCHED_TOKENS,
      f"{POSITIVE}, at most {MAX_BATCHED_TOKENS}"),
     ("max_num_batched_tokens", lambda v, c: v >= c.max_num_seqs, "must be at least max_num_seqs={c.max_num_seqs}, "
@@ -308,6 +324,7 @@ ENV_OF = {
     "query_buckets": ENV_QUERY_BUCKETS,
     "layout": ENV_LAYOUT,
     "max_num_batched_tokens": ENV_BATCHED_TOKENS,
+    "enable_prefix_caching": ENV_PREFIX_CACHING,
 }
 
 

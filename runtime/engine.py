@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Self
 
 import torch
@@ -129,12 +129,16 @@ class Engine:
             assert not sched.waiting, "an empty batch always admits the head of the queue"
             return StepResult("idle", None, ())
         if isinstance(plan, RaggedPlan):
+            self._emit_cache(plan)
             self._emit_ragged(plan)
             tokens = self._run_ragged(plan)
         else:
             self._emit_batch(plan)
             tokens = self._run_prefill(plan) if plan.kind == "prefill" else self._run_decode(plan)
         done = sched.postprocess(tokens)
+        if isinstance(sched, RaggedScheduler) and sched.registered and self.events.wants("cache_register"):
+            for r in sched.registered:
+                self.events.emit("cache_register", ev.CacheRegisterEvent(self.steps, *astuple(r)))
         finished = tuple(r.request_id for r in done)
         if self.events.wants("step"):
             buckets = plan.buckets if isinstance(plan, RaggedPlan) else (plan.bucket,)
@@ -221,6 +225,16 @@ class Engine:
                 self.events.emit("token", TokenEvent(rid, t, row.detach().clone(), self.steps))
         return tokens
 
+    def _emit_cache(self, plan: RaggedPlan) -> None:
+        """What admission and allocation did to the prefix cache, before the step's dispatches."""
+        bus, step = self.events, self.steps
+        if plan.hit and plan.admission is not None and bus.wants("cache_hit"):
+            blocks, hashes = zip(*plan.hit, strict=True)
+            bus.emit("cache_hit", ev.CacheHitEvent(step, plan.admission.request.request_id, blocks, hashes))
+        if plan.evicted and bus.wants("cache_evict"):
+            for block, h in plan.evicted:
+                bus.emit("cache_evict", ev.CacheEvictEvent(step, block, h))
+
     def _emit_ragged(self, plan: RaggedPlan) -> None:
         """A ragged step's dispatches and block tables (one each per call), then its KV writes."""
         bus, step, owners = self.events, self.steps, self.pool.owners
@@ -239,14 +253,14 @@ class Engine:
                 batch = ev.BatchInfo(rids, lens, pads, 0, qlens)
                 bus.emit("dispatch", ev.DispatchEvent(kernel, bucket, batch, phase, step))
             if bus.wants("block_table"):
-                args = (rids, pads, lens, 0, table, owners, self.pool.num_blocks, NULL_BLOCK, qlens)
+                args = (rids, pads, lens, 0, table, owners, self.pool.num_blocks, NULL_BLOCK, qlens, self.pool.holders)
                 bus.emit("block_table", ev.BlockTableEvent(kernel, bucket, step, *args))
         if bus.wants("kv_write"):
             slots = tuple(s for call in plan.calls for s in call.slots)
             writers = tuple(s.request_id for s in plan.decodes)
             if plan.chunk is not None:
                 writers += (plan.chunk.request_id,) * plan.chunk.query_len
-            bus.emit("kv_write", ev.KVWriteEvent(step, slots, writers, owners))
+            bus.emit("kv_write", ev.KVWriteEvent(step, slots, writers, owners, self.pool.holders))
 
     def _emit_batch(self, plan: StepPlan) -> None:
         """A planned step's dispatch, block table and KV writes (one event each), before its kernels run."""

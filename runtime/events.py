@@ -7,11 +7,13 @@ field-by-field `object.__setattr__` made building them cost several times more."
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from runtime.bucketer import Bucket
 
+NO_HOLDERS: Mapping[int, Sequence[str]] = MappingProxyType({})
 WARMUP = "warmup"
 SERVING = "serving"
 
@@ -86,6 +88,9 @@ class BlockTableEvent:
     num_blocks: int
     null_block: int
     query_lens: tuple[int, ...] = ()  # ragged layout, as BatchInfo's
+    # Prefix caching: registered blocks in use -> every request holding them. These are read-only
+    # and not in `owners`, which lists the private blocks only. Live and read-only, as `owners`.
+    holders: Mapping[int, Sequence[str]] = field(default_factory=lambda: NO_HOLDERS)
 
 
 @dataclass(slots=True)
@@ -96,6 +101,40 @@ class KVWriteEvent:
     slots: tuple[int, ...]
     writers: tuple[str, ...]  # the request writing each slot
     owners: Mapping[int, str]  # as BlockTableEvent's
+    holders: Mapping[int, Sequence[str]] = field(default_factory=lambda: NO_HOLDERS)  # as BlockTableEvent's
+
+
+@dataclass(frozen=True)
+class CacheHitEvent:
+    """Prefix caching, at admission: the leading prompt blocks a request found in the cache; they
+    join its table, and its first chunk starts at `len(blocks) * block_size`. Only for a hit."""
+
+    step: int
+    request_id: str
+    blocks: tuple[int, ...]
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheRegisterEvent:
+    """Prefix caching, at the end of a step: a request's `index`-th block (positions index * bs ..
+    (index + 1) * bs - 1), now full, is registered under `hash`, chained from `parent`."""
+
+    step: int
+    request_id: str
+    index: int
+    block: int
+    hash: int
+    parent: int | None
+
+
+@dataclass(frozen=True)
+class CacheEvictEvent:
+    """Prefix caching: an allocation took a cached free block back; its hash leaves the cache."""
+
+    step: int
+    block: int
+    hash: int
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ class SpyreAttnBucketer(Protocol):
 
 def limits(b: SpyreAttnBucketer) -> RaggedLimits:
     c = b.config
-    return RaggedLimits(c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks, c.token_budget)
+    return RaggedLimits(
+        c.block_size, c.max_model_len, c.max_num_seqs, c.usable_blocks, c.token_budget, c.prefix_caching
+    )
 
 
 def ragged_verdicts(b: SpyreAttnBucketer) -> dict[Bucket, str | None]:

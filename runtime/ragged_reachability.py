@@ -51,6 +51,14 @@ by its max_tokens when it is no longer needed (so it reserves no more than it de
     j steps (drop each row's last step), so for an end block count be (ceil(e/bs) = be) only the
     largest c the block allows, and the two j around it (D = 0 at j - 1; D < T at j), matter.
 
+* Prefix caching (DESIGN "Prefix caching"): a cache hit of h >= 1 blocks starts a prompt at
+  c0 = h bs (h bs < e, so h <= floor((e-1)/bs) holds by itself), and its later chunks follow as
+  above: c = h bs + j T - D. The hit costs no pool: a source request (a fresh prompt of h bs
+  tokens, max_tokens 1) runs alone first, registers its h blocks and ends, so they sit at the
+  free list's tail; the rows beside the prompt then allocate at most their reservations, at most
+  U - be < U - h blocks, all from the fresh blocks ahead of them, so nothing evicts the chain
+  before the prompt's lookup. A start that is a multiple of bs needs no rows at all.
+
 Nothing here loops over positions: decodes are O(1) per rung pair, a chunk rung pair's pool-free
 reach is O(j) interval tests, and its pool check O(1) per end block with one sorted table per j.
 """
@@ -76,6 +84,7 @@ class RaggedLimits:
     max_num_seqs: int
     usable_blocks: int
     token_budget: int
+    prefix_caching: bool = False
 
     @property
     def deepest(self) -> int:
@@ -132,12 +141,35 @@ class ChunkReach:
         lo, hi = ends.start - (queries.stop - 1), ends.stop - 1 - queries.start
         if lo <= 0 <= hi:
             out.append(range(0, 1))
+        if self.lim.prefix_caching and self._hit_start(lo, hi) is not None:
+            out.append(range(max(lo, 0), hi + 1))  # some start in it is a hit's (pool aside)
         step = T - self.lim.max_num_seqs + 1
         for j in range(max(1, ceil_div(lo, T)), hi // step + 1):
             after = self.starts_after(j)
             c = range(max(lo, after.start), min(hi, after.stop - 1) + 1)
             if c:
                 out.append(c)
+        return out
+
+    def _hit_start(self, lo: int, hi: int) -> int | None:
+        """A start c in [lo, hi] of the form h bs + s, h >= 1, s = 0 or a later chunk's start after
+        the hit (pool aside); None when there is none."""
+        bs = self.lim.block_size
+        first = max(bs, ceil_div(max(lo, 0), bs) * bs)
+        if first <= hi:
+            return first  # the hit's own first chunk
+        for h in range(1, hi // bs + 1):
+            if any(max(lo, 0) <= h * bs + c <= hi for c in self._later_starts(lo - h * bs, hi - h * bs)):
+                return h * bs
+        return None
+
+    def _later_starts(self, lo: int, hi: int) -> list[int]:
+        """The largest start in [lo, hi] after each count j >= 1 of full chunks, pool aside."""
+        T, out = self.lim.token_budget, []
+        for j in range(max(1, ceil_div(max(lo, 0), T)), max(hi, 0) // max(1, T - self.lim.max_num_seqs + 1) + 1):
+            after = self.starts_after(j)
+            if max(lo, after.start) <= min(hi, after.stop - 1):
+                out.append(min(hi, after.stop - 1))
         return out
 
     def starts_after(self, j: int) -> range:
@@ -162,15 +194,34 @@ class ChunkReach:
             if cmax < 0:
                 continue
             j = ceil_div(cmax, T)
-            for jj, c in ((j - 1, (j - 1) * T), (j, cmax)):
-                if jj < 0 or c + queries.stop - 1 < a or (jj == 0 and c != 0):
-                    continue
-                rows = self.rows_pool(jj, jj * T - c)
+            ways = [
+                (jj, jj * T - c)
+                for jj, c in ((j - 1, (j - 1) * T), (j, cmax))
+                if jj >= 0 and c + queries.stop - 1 >= a and (jj or not c)
+            ]
+            if lim.prefix_caching:
+                ways += self._hit_ways(max(0, a - (queries.stop - 1)), cmax)
+            for jj, steps in ways:
+                rows = self.rows_pool(jj, steps)
                 if rows is not None and (best is None or rows + be < sum(best)):
                     best = be, rows
                     if sum(best) <= lim.usable_blocks:
                         return best
         return best
+
+    def _hit_ways(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """(j, D) for every start c in [lo, hi] a hit of h >= 1 blocks reaches: c = h bs + j T - D,
+        the fewest row-steps D for each c and h (a larger j never costs the rows more)."""
+        bs, T, out = self.lim.block_size, self.lim.token_budget, []
+        for c in range(hi, lo - 1, -1):
+            for h in range(1, c // bs + 1):
+                rest = c - h * bs
+                j = ceil_div(rest, T)
+                if j * T - rest <= d_max(self.lim, j):
+                    out.append((j, j * T - rest))
+            if out and out[-1] == (0, 0):
+                break  # no rows at all: nothing is cheaper
+        return out
 
     def rows_pool(self, j: int, steps: int) -> int | None:
         """Fewest blocks the rows beside a prompt reserve to decode `steps` row-steps in its first j

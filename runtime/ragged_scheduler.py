@@ -15,6 +15,7 @@ from runtime.blocks import ceil_div
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import PrefillState, RowState
+from runtime.prefix_cache import Registered, lookup, register_full
 from runtime.ragged_metadata import Call, RaggedBuilder, RaggedSeq
 from runtime.requests import Request, RequestQueue
 from runtime.scheduler import Admission
@@ -31,6 +32,8 @@ class RaggedPlan:
     completes: bool  # the chunk ends its prompt, so its last query yields the first token
     inputs: tuple[int, ...]  # each row's newest token, then the chunk's prompt tokens
     admission: Admission | None = None  # the request admitted this step, with its reservation
+    hit: tuple[tuple[int, int], ...] = ()  # prefix caching: the admitted request's (block, hash) from the cache
+    evicted: tuple[tuple[int, int], ...] = ()  # cached (block, hash) this step's allocations took back
 
     @property
     def bucket(self) -> Bucket:
@@ -64,6 +67,8 @@ class RaggedScheduler(RequestQueue):
         self.budget = config.token_budget
         self.prefilling: Request | None = None
         self._plan: RaggedPlan | None = None
+        self.caching = config.prefix_caching
+        self.registered: tuple[Registered, ...] = ()  # what the last postprocess registered
 
     def fit_problem(self, tokens: tuple[int, ...], max_tokens: int) -> str | None:
         if len(tokens) + max_tokens > self.config.max_model_len:
@@ -82,8 +87,9 @@ class RaggedScheduler(RequestQueue):
         if self._plan is not None:
             return self._plan
         adm = self.next_admission() if self.prefilling is None else None
+        hit: tuple[tuple[int, int], ...] = ()
         if adm is not None:
-            self._admit(adm)
+            hit = self._admit(adm)
         if not self.running and self.prefilling is None:
             return None
         decodes = []
@@ -101,7 +107,8 @@ class RaggedScheduler(RequestQueue):
             inputs += r.prompt[r.computed : r.computed + q]
         kind = "mixed" if decodes and chunk else "decode" if decodes else "prefill"
         calls = self.builder.build_step(decodes, chunk)
-        self._plan = RaggedPlan(kind, calls, tuple(decodes), chunk, completes, tuple(inputs), adm)
+        evicted, self.pool.evicted[:] = tuple(self.pool.evicted), []
+        self._plan = RaggedPlan(kind, calls, tuple(decodes), chunk, completes, tuple(inputs), adm, hit, evicted)
         return self._plan
 
     def postprocess(self, tokens: list[int]) -> list[Request]:
@@ -111,23 +118,31 @@ class RaggedScheduler(RequestQueue):
         assert plan is not None, "postprocess follows schedule"
         assert len(tokens) == len(plan.token_rows), f"{len(tokens)} tokens for {len(plan.token_rows)} rows"
         rows = list(self.running)
-        done = []
+        ends: list[tuple[Request, str]] = []
         for r, t in zip(rows, tokens, strict=False):
             r.output.append(t)
             if (reason := self.finish_reason(r)) is not None:
-                self._end(r, reason)
-                done.append(r)
+                ends.append((r, reason))
+        stepped = rows
         if plan.chunk is not None and (pf := self.prefilling) is not None:
             r = pf
             r.computed += plan.chunk.query_len
+            stepped = [*rows, r]
             if plan.completes:
                 self.prefilling = None
                 self.running.append(r)
                 r.output.append(tokens[-1])
                 if (reason := self.finish_reason(r)) is not None:
-                    self._end(r, reason)
-                    done.append(r)
-        return done
+                    ends.append((r, reason))
+        # Blocks this step filled register before the step's finishes drop their references.
+        self.registered = tuple(reg for r in stepped for reg in self._register(r)) if self.caching else ()
+        for r, reason in ends:
+            self._end(r, reason)
+        return [r for r, _ in ends]
+
+    def _register(self, r: Request) -> list[Registered]:
+        written = r.num_cached if r.computed == len(r.prompt) else r.computed
+        return register_full(self.pool, r.request_id, (*r.prompt, *r.output), written, r.blocks, r.hashes, self.bs)
 
     def next_admission(self) -> Admission | None:
         """The head of the queue, if it can start prefilling now (arrival order: nobody overtakes it)."""
@@ -137,18 +152,28 @@ class RaggedScheduler(RequestQueue):
         need = ceil_div(len(req.prompt) + req.max_tokens - 1, self.bs)
         return Admission(req, 0, 0, need) if self.pool.can_reserve(need) else None
 
-    def _admit(self, adm: Admission) -> None:
+    def _admit(self, adm: Admission) -> tuple[tuple[int, int], ...]:
+        """Start the head of the queue prefilling; with prefix caching, from its cached prefix on.
+        Returns the (block, hash) pairs it got from the cache."""
         req = self.waiting.popleft()
         assert req is adm.request
         self.pool.reserve(req.request_id, adm.reservation)
-        req.computed = 0
+        blocks, hashes = lookup(self.pool, req.prompt, self.bs) if self.caching else ([], [])
+        for b in blocks:
+            self.pool.share(req.request_id, b)
+        req.blocks, req.hashes, req.computed = list(blocks), list(hashes), len(blocks) * self.bs
         self.prefilling = req
+        return tuple(zip(blocks, hashes, strict=True))
 
     def _grow(self, r: Request, positions: int) -> None:
         """Give `r` the blocks its positions 0 .. positions - 1 land in, from its reservation."""
         need = ceil_div(positions, self.bs) - len(r.blocks)
         if need > 0:
             r.blocks += self.pool.allocate(r.request_id, need)
+
+    def free_order(self, blocks: list[int]) -> list[int]:
+        """Last table entry first (DESIGN "References."), so a prefix's tail is evicted before its head."""
+        return blocks[::-1]
 
     def _end(self, r: Request, reason: str) -> None:
         if r is self.prefilling:  # an aborted prefill frees the slot for the next step's admission

@@ -30,6 +30,7 @@ class Request:
     left_pad: int = 0  # padded layout
     computed: int = 0  # ragged layout: prompt tokens prefilled so far
     blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # prefix caching: its full blocks' chain hashes, in order
     finish_reason: str | None = None  # one of FINISH_REASONS once it has ended
 
     @property
@@ -166,5 +167,9 @@ class RequestQueue:
         """A running request ends: its blocks and what is left of its reservation return."""
         r.finish_reason = reason
         self.running.remove(r)
-        self.pool.free(r.request_id, r.blocks)
+        self.pool.free(r.request_id, self.free_order(r.blocks))
         self.pool.release(r.request_id)
+
+    def free_order(self, blocks: list[int]) -> list[int]:
+        """The order an ended request's blocks return to the free list in."""
+        return blocks

@@ -156,12 +156,14 @@ def test_allocation_guard_refuses_a_corrupted_free_list() -> None:
     # The free list is private, but a double free or a bad seam could corrupt it: the
     # guard must catch the null block or an owned block coming out of it.
     pool = BlockPool(4)
-    pool._free.appendleft(NULL_BLOCK)
+    pool._free[NULL_BLOCK] = None
+    pool._free.move_to_end(NULL_BLOCK, last=False)
     with pytest.raises(AssertionError):
         pool.allocate("a", 1)
     pool = BlockPool(4)
     owned = pool.allocate("a", 1)[0]
-    pool._free.appendleft(owned)
+    pool._free[owned] = None
+    pool._free.move_to_end(owned, last=False)
     with pytest.raises(AssertionError):
         pool.allocate("b", 1)
 

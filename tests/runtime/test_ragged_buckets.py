@@ -12,8 +12,11 @@ from runtime.config import RuntimeConfig
 
 
 def bucketer(**kwargs: Any) -> SpyreAttnBucketer:
-    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel.
-    return SpyreAttnBucketer(RuntimeConfig(**{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, **kwargs}))
+    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel. Prefix
+    # caching off unless a test says otherwise: these are the rules of chunks that start where no hit
+    # does (tests/runtime/test_prefix_cache.py has the hit starts).
+    base = {"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, "enable_prefix_caching": False}
+    return SpyreAttnBucketer(RuntimeConfig(**{**base, **kwargs}))
 
 
 def attend(kv: int, q: int) -> Bucket:

@@ -12,10 +12,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_the_readme_mixed_step_is_the_runtimes() -> None:
     sim = Sim(RuntimeConfig(layout="ragged", block_size=4, max_model_len=64, max_num_seqs=5, max_num_batched_tokens=8))
-    for rid, prompt in (("A", 6), ("B", 4), ("C", 3), ("D", 2)):
-        sim.add_request([1] * prompt, 30, rid)
+    # Prompts that share no block: with prefix caching (on by default) E would start from a hit.
+    for rid, prompt, token in (("A", 6, 1), ("B", 4, 2), ("C", 3, 3), ("D", 2, 4)):
+        sim.add_request([token] * prompt, 30, rid)
         sim.step()
-    sim.add_request([1] * 20, 5, "E")
+    sim.add_request([5] * 20, 5, "E")
     sim.step()  # E's first chunk
     plan = sim.step()  # the README's step
     assert plan.kind == "mixed"
