@@ -16,6 +16,8 @@ from typing import Any
 from runtime.bucketer import KERNELS, Bucket
 from runtime.config import RuntimeConfig
 from spyre_verify.checks.dispatch import DispatchCoverage
+from spyre_verify.oracle.results import join_prompts
+from spyre_verify.oracle.results import prompt as prompt  # the salted prompts, re-exported for their callers
 from spyre_verify.oracle.walk import Action, reachable
 from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, aborts_judged_by, judged_by, serve
 from spyre_verify.workload import Abort, Arrival, Item
@@ -38,23 +40,21 @@ class Scenario:
         return ", ".join(map(str, self.path)) or "no actions"
 
 
-def prompt(length: int, vocab: int, salt: int = 0) -> tuple[int, ...]:
-    """Deterministic tokens inside the vocab; `salt` keeps two arrivals' prompts apart."""
-    return tuple((7 * i + 3 + 11 * salt) % vocab for i in range(length))
-
-
-def arrivals(path: tuple[Action, ...], vocab: int) -> tuple[Item, ...]:
+def arrivals(path: tuple[Action, ...], vocab: int, block_size: int = 1, salt: int = 0) -> tuple[Item, ...]:
     """A join is a request added just before the step that prefills it; an abort, between
-    two steps, aborts the request of the witness's index-th join; a decode adds nothing."""
+    two steps, aborts the request of the witness's index-th join; a decode adds nothing.
+    Prompts are `oracle.results.join_prompts`: salted apart from `salt` on, except the blocks a
+    join shares with an earlier one (so `block_size` only matters to a witness with shares)."""
     out: list[Item] = []
     step = joins = 0
+    prompts = join_prompts(path, vocab, block_size, salt)
     for action in path:
         if action.kind == "abort":
             out.append(Abort(step, action.index))
             continue  # between steps: it takes none
         if action.kind == "join":
             # ignore_eos: the witness needs every request to run its whole max_tokens.
-            out.append(Arrival(step, prompt(action.prompt_len, vocab, joins), action.max_tokens, ignore_eos=True))
+            out.append(Arrival(step, prompts[joins], action.max_tokens, ignore_eos=True))
             joins += 1
         elif action.kind != "decode":
             raise ValueError(f"witness action {action}: only 'join', 'decode' and 'abort' can be replayed")
@@ -69,10 +69,15 @@ def _order(b: Bucket) -> tuple[int, Bucket]:
 def coverage_scenarios(config: RuntimeConfig) -> list[Scenario]:
     """One scenario per bucket of the oracle's reachable set, built from its witness."""
     found = reachable(config)
-    vocab = config.model.vocab_size
-    return [
-        Scenario(b, found.witnesses[b], arrivals(found.witnesses[b], vocab)) for b in sorted(found.buckets, key=_order)
-    ]
+    vocab, bs = config.model.vocab_size, config.block_size
+    out, salt = [], 0
+    # Served one after another on one engine, a scenario must not hit what an earlier one cached: each
+    # takes salts of its own.
+    for b in sorted(found.buckets, key=_order):
+        path = found.witnesses[b]
+        out.append(Scenario(b, path, arrivals(path, vocab, bs, salt)))
+        salt += sum(a.kind == "join" for a in path)
+    return out
 
 
 def step_limit(config: RuntimeConfig) -> int:

@@ -23,7 +23,8 @@ ENV_TKV_LIMIT = "SPYRE_MAX_BATCH_TKV_LIMIT"
 ENV_LAYOUT = "SPYRE_LAYOUT"
 ENV_TOKENS = "SPYRE_MAX_NUM_BATCHED_TOKENS"
 ENV_QUERY = "SPYRE_ATTN_QUERY_BUCKETS"
-ENVS = (ENV_KV, ENV_BATCHED, ENV_BACKEND, ENV_TKV_LIMIT, ENV_LAYOUT, ENV_TOKENS, ENV_QUERY)
+ENV_CACHING = "SPYRE_PREFIX_CACHING"
+ENVS = (ENV_KV, ENV_BATCHED, ENV_BACKEND, ENV_TKV_LIMIT, ENV_LAYOUT, ENV_TOKENS, ENV_QUERY, ENV_CACHING)
 BACKEND_NAMES = ("eager", "aot_eager", "inductor")
 LAYOUT_NAMES = ("padded", "ragged")
 KWARGS = (
@@ -39,6 +40,7 @@ KWARGS = (
     "max_num_batched_tokens",
     "batched_decode_entries",
     "query_buckets",
+    "enable_prefix_caching",
 )
 # The runtime's documented size limits (its messages name them): past any real config.
 MAX_BATCHED_TOKENS = 1 << 20  # a step's token budget
@@ -59,9 +61,10 @@ DEFAULTS: dict[str, object] = {
     "max_num_batched_tokens": None,
     "batched_decode_entries": None,
     "query_buckets": None,
+    "enable_prefix_caching": None,
 }
-# DESIGN "The ragged layout, precisely", Config: settings only the ragged layout uses.
-RAGGED_ONLY = ("max_num_batched_tokens", "batched_decode_entries", "query_buckets")
+# DESIGN "The ragged layout, precisely", Config, and "Prefix caching": settings only the ragged layout uses.
+RAGGED_ONLY = ("max_num_batched_tokens", "batched_decode_entries", "query_buckets", "enable_prefix_caching")
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Reading:
     batched_tokens: int | None = None  # max_num_batched_tokens as set (the env wins); None: the default
     entries: int | None = None  # batched_decode_entries as set; None: the default
     query_tokens: tuple[int, ...] | None = None  # the query rungs above 1 as set (the env wins); None: default
+    prefix_caching: bool = False  # DESIGN "Prefix caching": on by default under ragged
 
 
 def _count(value: object) -> bool:
@@ -130,6 +134,8 @@ def _env_problem(env: Mapping[str, str]) -> str | None:
         parsed = _token_list(env[ENV_QUERY], ENV_QUERY)
         if isinstance(parsed, str):
             return parsed
+    if ENV_CACHING in env and env[ENV_CACHING].strip() not in ("0", "1"):
+        return f"{ENV_CACHING}={env[ENV_CACHING]!r} is not 0 or 1"
     return None
 
 
@@ -151,6 +157,8 @@ def settings(kwargs: Mapping[str, object], env: Mapping[str, str]) -> dict[str, 
         out["max_num_batched_tokens"] = _positive(env[ENV_TOKENS])
     if ENV_QUERY in env:
         out["query_buckets"] = _token_list(env[ENV_QUERY], ENV_QUERY)
+    if ENV_CACHING in env:
+        out["enable_prefix_caching"] = env[ENV_CACHING].strip() == "1"
     return out
 
 
@@ -231,6 +239,8 @@ def _layout_problem(s: Mapping[str, object], L: int, S: int) -> str | None:
     E = s["batched_decode_entries"]
     if E is not None and not _count(E):
         return f"batched_decode_entries={E!r} is not a positive integer"
+    if s["enable_prefix_caching"] is not None and type(s["enable_prefix_caching"]) is not bool:
+        return f"enable_prefix_caching={s['enable_prefix_caching']!r} is not True or False"
     q = s["query_buckets"]
     return None if q is None else _query_problem(q, budget(T, L, S))  # type: ignore[arg-type]
 
@@ -280,7 +290,7 @@ def _kv_problem(kv: object, bs: int, L: int, per_seq: int) -> str | None:
 def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
     """What an accepted config means; only for one `config_problem` accepts."""
     s = settings(kwargs, env)
-    kv, limit, T, E, q = (s[k] for k in ("kv_buckets", "max_batch_tkv_limit", *RAGGED_ONLY))
+    kv, limit, T, E, q, caching = (s[k] for k in ("kv_buckets", "max_batch_tkv_limit", *RAGGED_ONLY))
     assert limit is None or isinstance(limit, int)
     assert (T is None or isinstance(T, int)) and (E is None or isinstance(E, int))
     return Reading(
@@ -292,4 +302,5 @@ def reading(kwargs: Mapping[str, object], env: Mapping[str, str]) -> Reading:
         T,
         E,
         q if isinstance(q, tuple) else None,
+        s["layout"] == "ragged" if caching is None else bool(caching),
     )

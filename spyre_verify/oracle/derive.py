@@ -87,6 +87,14 @@ def is_ragged(c: RuntimeConfig) -> bool:
     return c.layout == "ragged"
 
 
+def prefix_caching(c: RuntimeConfig) -> bool:
+    """DESIGN "Prefix caching" Config.: on under the ragged layout unless the config turns it off;
+    the padded layout has none. From the raw field (None: the layout's default), never from the
+    runtime's derived property, so a wrong default there shows as a difference."""
+    setting = getattr(c, "enable_prefix_caching", None)
+    return is_ragged(c) and (setting is None or bool(setting))
+
+
 def budget(T: int | None, max_model_len: int, max_num_seqs: int) -> int:
     """DESIGN "Config." (ragged): the step token budget, T when set, else max(min(L, 2048), S). From
     the raw values, for the callers that hold no config yet (validation, the hunt's draws)."""

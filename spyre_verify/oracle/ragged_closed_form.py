@@ -41,6 +41,15 @@ it is. There are three kinds of call, one rule each:
    it (D = 0), else its top c with D = ceil(c/T) T - c, and the bucket is reachable iff for some
    be the rows fit U - be. This is where DESIGN's "every chunk after a prompt's first starts at
    c >= T - S + 1" comes from (D <= j (S - 1)).
+   With prefix caching on (DESIGN "Prefix caching"), the prompt may also start past a hit of h
+   >= 1 blocks, h bs <= c: c = h bs + jT - D, the same rows over the offset x = c - h bs (j = 0:
+   the hit's own chunk is the last, c = h bs, no rows). Admission stays logical, so decodes (rules
+   1, 2) and the rows' costs are unchanged; only the offset is new, and for each j the largest x
+   in ((j-1) T, jT] is cheapest. The source costs nothing: a prompt of h bs fresh tokens and
+   max_tokens 1, first and alone, ends as it completes and leaves its blocks cached at the free
+   list's tail; before the lookup the rows allocate at most U - be < U - h blocks, all ahead of
+   them, so nothing evicts them (`ragged_witness.chunk_after_hit`). A source held by a running
+   row would cost its reservation instead, so it is never cheaper.
 
 Admissibility: rules 1 and 2 are decided by replaying their one cheapest witness on the harness's
 own `RaggedModel` (the model does the pool and slot arithmetic). Rule 3 chooses its rows with its
@@ -49,8 +58,8 @@ replayed as well. Every witness returned has been replayed, and one that fails t
 bucket is an AssertionError naming config and bucket (an oracle bug), never dropped. Aborts are
 never needed: a natural finish with the right mt frees the same blocks for less.
 
-Witnesses are short: at most S joins, plus the prompt's ceil(p / T) chunks, or j + 1 chunks with
-j <= L / (T - S + 1).
+Witnesses are short: at most S joins (and a hit's source), plus the prompt's ceil(p / T) chunks,
+or j + 1 chunks with j <= L / (T - S + 1).
 """
 
 from __future__ import annotations
@@ -59,12 +68,22 @@ from collections.abc import Iterator
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, chunked_key, ladders, token_budget, usable_blocks
+from spyre_verify.oracle.derive import (
+    Ladders,
+    attend_key,
+    ceil_div,
+    chunked_key,
+    ladders,
+    prefix_caching,
+    token_budget,
+    usable_blocks,
+)
 from spyre_verify.oracle.ragged_witness import (
     Geometry,
     Witness,
     alone_then_decode,
     batch_decode,
+    chunk_after_hit,
     chunk_after_rows,
     proven,
     replay,
@@ -75,7 +94,12 @@ from spyre_verify.oracle.results import CLOSED_FORM, Action, Reachable
 
 def geometry(config: RuntimeConfig) -> Geometry:
     return Geometry(
-        config.block_size, config.max_model_len, config.max_num_seqs, token_budget(config), usable_blocks(config)
+        config.block_size,
+        config.max_model_len,
+        config.max_num_seqs,
+        token_budget(config),
+        usable_blocks(config),
+        prefix_caching(config),
     )
 
 
@@ -140,17 +164,60 @@ def decode_batch(
 
 
 def chunk(g: Geometry, e_lo: int, e_hi: int, q_lo: int, q_hi: int) -> Witness | None:
-    """Rule 3: the first end block count whose best start the rows beside the prompt can reach."""
+    """Rule 3: the first end block count whose best start the rows beside the prompt can reach, from
+    the prompt's start or (caching on) from past a hit."""
     e_hi, q_hi = min(e_hi, g.L - 1), min(q_hi, g.T)
     for be in range(ceil_div(e_lo, g.bs), ceil_div(e_hi, g.bs) + 1):
         a, b = max(e_lo, (be - 1) * g.bs + 1), min(e_hi, be * g.bs)
         lo, hi = max(0, a - q_hi), b - q_lo
         if lo > hi:
             continue
-        whole = ceil_div(lo, g.T) * g.T  # the first start that needs no rows beside the prompt
-        c = whole if whole <= hi else hi
-        j = ceil_div(c, g.T)
-        lifetimes = rows_beside(g, j, j * g.T - c, g.U - be)
-        if lifetimes is not None:
-            return chunk_after_rows(max(a, c + q_lo), j, lifetimes)
+        path = from_start(g, be, a, lo, hi, q_lo)
+        if path is None and g.caching:
+            path = past_hit(g, be, a, lo, hi, q_lo)
+        if path is not None:
+            return path
     return None
+
+
+def from_start(g: Geometry, be: int, a: int, lo: int, hi: int, q_lo: int) -> Witness | None:
+    """A chunk starting at c in [lo, hi], the prompt computed from 0: the largest c wins, or a
+    multiple of T (no rows at all)."""
+    whole = ceil_div(lo, g.T) * g.T  # the first start that needs no rows beside the prompt
+    c = whole if whole <= hi else hi
+    j = ceil_div(c, g.T)
+    lifetimes = rows_beside(g, j, j * g.T - c, g.U - be)
+    return None if lifetimes is None else chunk_after_rows(max(a, c + q_lo), j, lifetimes)
+
+
+def past_hit(g: Geometry, be: int, a: int, lo: int, hi: int, q_lo: int) -> Witness | None:
+    """A chunk starting at c in [lo, hi] of a prompt that hit h >= 1 blocks (h bs <= c): its j earlier
+    chunks cover x = c - h bs = jT - D, so for each j the largest offset x in ((j - 1) T, jT] needs
+    the fewest row-steps D (for a given x the smallest j wins, as from the start). The source's
+    blocks stay cached (`chunk_after_hit`), so the rows are the only cost: D = 0 first (c = h bs is
+    the first chunk, or x a multiple of T), then the other j by D."""
+    options = []
+    for j in range(ceil_div(max(hi - g.bs, 0), g.T) + 1):
+        found = _offset(g, lo, hi, j * g.T)
+        if found is not None and (j == 0 or found[0] > (j - 1) * g.T):
+            options.append((j * g.T - found[0], j, *found))
+    for need, j, x, c in sorted(options):
+        lifetimes = rows_beside(g, j, need, g.U - be)
+        if lifetimes is not None:
+            return chunk_after_hit(g, (c - x) // g.bs, max(a, c + q_lo), j, lifetimes)
+    return None
+
+
+def _offset(g: Geometry, lo: int, hi: int, top: int) -> tuple[int, int] | None:
+    """The largest offset x <= top that a start c in [lo, hi] leaves past a hit (c - x a positive
+    multiple of bs), with that c; None when there is none."""
+    if hi - lo + 1 >= g.bs:  # every residue has a start in range: any x up to hi - bs
+        x = min(top, hi - g.bs)
+        return None if x < 0 else (x, hi - (hi - x) % g.bs)
+    best = None
+    for c in range(lo, hi + 1):
+        m = min(top, c - g.bs)
+        x = m - (m - c) % g.bs  # the largest x <= m with c's residue
+        if x >= 0 and (best is None or x > best[0]):
+            best = (x, c)
+    return best

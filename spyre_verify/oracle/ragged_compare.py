@@ -26,6 +26,15 @@ from runtime.events import PrefillState, RowState
 from spyre_verify.oracle.derive import Ladders, batches, ceil_div
 
 Call = tuple[str, int, int]  # (request, query tokens, seq_len) of one row of one kernel call
+UNSEEN = object()  # a `differences` argument the caller did not observe
+
+
+def _hit_words(hit: object) -> str:
+    """A hit as the message says it: which request found how many blocks (DESIGN "Admission", caching)."""
+    if not isinstance(hit, tuple):
+        return "no hit"
+    rid, h = hit
+    return f"{rid} found {h} cached block{'s' * (h != 1)}"
 
 
 class RaggedJudge:
@@ -61,8 +70,10 @@ class RaggedJudge:
         calls: Sequence[Call] | None = None,
         tokens: Sequence[str] | None = None,
         kernels: Sequence[tuple[str, int]] | None = None,
+        hit: tuple[str, int] | object | None = UNSEEN,
     ) -> list[tuple[str, str]]:
-        """Rule by rule, the likeliest cause first; `calls` and `tokens` are judged when given."""
+        """Rule by rule, the likeliest cause first; `calls`, `tokens` and the admission's prefix-cache
+        `hit` (request, blocks found; None: no hit) are judged when given."""
         s, out = self.last, []
         # The blocks each request held after the step before this one (a step may be judged twice:
         # `agrees`, then `differences`): a leak names the blocks that should have come back.
@@ -82,6 +93,10 @@ class RaggedJudge:
             out.append(("admission", f"engine admitted {admitted}, contract admits {s.admitted}{why}"))
         elif kind != s.kind and kind == "idle":
             out.append(("stall", f"engine idles, contract runs a {s.kind} step"))
+        elif hit is not UNSEEN and hit != s.hit:
+            out.append(
+                ("hit", f"prefix-cache hit at admission: engine {_hit_words(hit)}, contract {_hit_words(s.hit)}")
+            )
         if calls is not None:
             wrong_calls = self._calls(list(calls))
             out += wrong_calls

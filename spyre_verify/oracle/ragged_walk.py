@@ -19,6 +19,9 @@ Witness actions, and how to replay them on a real engine (they are `walk.Action`
   computes the prefilling request's next chunk, if any.
 - ``abort(#i)`` (kind ``"abort"``): between two steps, abort the ``i``-th request the
   witness added (counting from 0), running or still prefilling; it takes no step.
+- ``add(p, mt, hit h of #i)`` (prefix caching on; a join with ``shared=h``, ``index=i``): as
+  ``add(p, mt)``, its prompt's first h blocks those of the i-th join's prompt, so it starts
+  past them (`oracle.results.join_prompts` builds every witness's prompts).
 
 The last action of a witness is the step that dispatches its bucket.
 
@@ -30,6 +33,10 @@ after k tokens behaves like one with max_tokens = k holding a larger reservation
 "Reachable."). Aborting a waiting request only undoes its add, so only running and
 prefilling requests are aborted.
 
+With prefix caching on (`derive.prefix_caching`, the ragged default) the walk is
+`oracle.ragged_prefix_walk`'s: these states and rules, plus the one cached prefix a later join
+may hit. It has several times the states; with caching off this walk is unchanged.
+
 The state space grows roughly with L**(2*S); above `STATE_BUDGET` states `walk.reachable`
 hands the config to the closed form (`oracle.ragged_closed_form`) instead.
 """
@@ -39,14 +46,20 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from spyre_verify.oracle.derive import Ladders, attend_key, ceil_div, chunked_key, ladders, token_budget, usable_blocks
+from spyre_verify.oracle import ragged_prefix_walk as cached
+from spyre_verify.oracle.derive import (
+    Ladders,
+    attend_key,
+    ceil_div,
+    chunked_key,
+    ladders,
+)
+from spyre_verify.oracle.ragged_space import NONE, STEP, RaggedAction, RaggedSpace, _action, decode_shapes, space
 from spyre_verify.oracle.results import (
     STATE_BUDGET,
-    Action,
     Reachable,
     Shape,
     Walked,
@@ -63,51 +76,7 @@ EMPTY: State = (None, ())
 # index-th add of the path, from 0; NONE when nothing prefills), each row's in the rows' order, and
 # the adds so far. An abort names its request by arrival as it is taken.
 Labels = tuple[int, tuple[int, ...], int]
-NONE = -1
 NO_LABELS: Labels = (NONE, (), 0)
-
-
-class RaggedAction(Action):
-    """A `walk.Action` as the ragged layout says it: ``add(p, mt)``, ``step``, ``abort(#i)``."""
-
-    def __str__(self) -> str:
-        if self.kind == "join":
-            return f"add({self.prompt_len}, {self.max_tokens})"
-        return f"abort(#{self.index})" if self.kind == "abort" else "step"
-
-
-STEP = RaggedAction("decode")
-_action = functools.cache(RaggedAction)
-
-
-@dataclass(frozen=True)
-class RaggedSpace:
-    """What bounds the walk: bs, L, S, U, T, and whether (and from how many rows) decodes batch."""
-
-    bs: int
-    L: int
-    S: int
-    U: int
-    T: int
-    batched: bool
-    min_batched: int = 2
-
-
-def space(c: RuntimeConfig) -> RaggedSpace:
-    lad = ladders(c)
-    return RaggedSpace(
-        c.block_size, c.max_model_len, c.max_num_seqs, usable_blocks(c), token_budget(c), lad.batched, lad.min_batched
-    )
-
-
-def _decodes(sp: RaggedSpace, rows: tuple[Row, ...]) -> tuple[Shape, ...]:
-    """The calls the running rows' decodes make: row i writes position n_i, so it needs
-    ceil((n_i + 1) / bs) entries; one batched call, or one per-sequence call a row."""
-    if not rows:
-        return ()
-    if sp.batched and len(rows) >= sp.min_batched:
-        return (("chunked", len(rows), ceil_div(max(n for n, _ in rows) + 1, sp.bs)),)
-    return tuple(sorted({("attend", ceil_div(n + 1, sp.bs), 1) for n, _ in rows}))
 
 
 def _chunk(
@@ -135,7 +104,7 @@ def successors(
     pf, rows = state
     label, labels, adds = at
     d, bs = len(rows), sp.bs
-    decodes = _decodes(sp, rows)
+    decodes = decode_shapes(sp, rows)
     # The rows after any step from here, each a token on (finished ones leave; they stay sorted).
     left = tuple([(n + 1, r - 1) for n, r in rows if r > 1])
     kept = labels if len(left) == d else tuple([a for (_, r), a in zip(rows, labels, strict=True) if r > 1])
@@ -182,7 +151,11 @@ def aborts(state: State, at: Labels = NO_LABELS) -> Iterator[tuple[RaggedAction,
 @functools.lru_cache(maxsize=1024)
 def walk(sp: RaggedSpace, max_states: int | None = None) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that need k
-    aborts. Every shape, each with a path of fewest aborts, then fewest actions."""
+    aborts. Every shape, each with a path of fewest aborts, then fewest actions. With prefix
+    caching on, over the states of `ragged_prefix_walk`."""
+    if sp.caching:
+        steps, undo = functools.partial(cached.successors, sp), functools.partial(cached.aborts, sp)
+        return breadth_first(cached.EMPTY, cached.NO_LABELS, steps, undo, max_states, cached.Cover())
     return breadth_first(EMPTY, NO_LABELS, functools.partial(successors, sp), aborts, max_states)
 
 

@@ -19,6 +19,7 @@ from runtime.config import RuntimeConfig
 from spyre_verify.oracle.derive import Ladders, ceil_div, ragged_step_keys
 from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.oracle.ragged_walk import STEP, RaggedAction
+from spyre_verify.oracle.results import Action, join_prompts
 
 Witness = tuple[RaggedAction, ...]
 
@@ -32,6 +33,7 @@ class Geometry:
     S: int
     T: int
     U: int
+    caching: bool = False  # prefix caching: a prompt may start past a cache hit
 
 
 def join(p: int, mt: int) -> RaggedAction:
@@ -42,11 +44,13 @@ def steps(k: int) -> Witness:
     return (STEP,) * k
 
 
-def replay(config: RuntimeConfig, lad: Ladders, path: Witness) -> frozenset[Bucket] | None:
+def replay(config: RuntimeConfig, lad: Ladders, path: tuple[Action, ...]) -> frozenset[Bucket] | None:
     """The buckets the last step of `path` dispatches on `RaggedModel(config)`; None when a join is
-    held back (its step admits nothing: the pool or a slot says no). A refused add is a witness
-    builder's bug, so it raises."""
+    held back (its step admits nothing: the pool or a slot says no), or finds in the cache other than
+    the blocks it shares. Prompts are built as `traffic.arrivals` builds them, so hits are the
+    model's own lookups. A refused add is a witness builder's bug, so it raises."""
     model, added = RaggedModel(config), 0
+    prompts = join_prompts(path, config.model.vocab_size, config.block_size)
     for action in path:
         if action.kind == "abort":
             model.abort(f"r{action.index}")
@@ -55,8 +59,9 @@ def replay(config: RuntimeConfig, lad: Ladders, path: Witness) -> frozenset[Buck
             why = model.reject_reason(action.prompt_len, action.max_tokens)
             assert why is None, f"{config}: witness {_text(path)} adds a request the engine refuses: {why}"
             rid, added = f"r{added}", added + 1
-            model.add(rid, action.prompt_len, action.max_tokens)
-            if model.step().admitted != rid:
+            model.add(rid, action.prompt_len, action.max_tokens, prompts[added - 1])
+            step = model.step()
+            if step.admitted != rid or (step.hit[1] if step.hit else 0) != action.shared:
                 return None
         else:
             model.step()
@@ -71,12 +76,16 @@ def proven(config: RuntimeConfig, lad: Ladders, bucket: Bucket, path: Witness) -
     got = replay(config, lad, path)
     assert got is not None and bucket in got, (
         f"closed-form oracle bug: for {config} the witness {_text(path)} of {bucket} "
-        + ("has a join the model holds back" if got is None else f"dispatches {sorted(got)} instead")
+        + (
+            "has a join the model holds back, or one that hits other than it says"
+            if got is None
+            else f"dispatches {sorted(got)} instead"
+        )
     )
     return path
 
 
-def _text(path: Witness) -> str:
+def _text(path: tuple[Action, ...]) -> str:
     return " ".join(map(str, path))
 
 
@@ -100,8 +109,22 @@ def chunk_after_rows(e: int, j: int, lifetimes: tuple[int, ...]) -> Witness:
     """Rows of youth rank k = R .. 1 (one-token prompts on consecutive steps, oldest first, so rank k
     has k cached tokens when the prompt arrives) decoding lifetimes[k-1] steps beside it; then a
     prompt of e tokens and max_tokens 1 whose chunk j+1, its last, is the call wanted."""
-    rows = tuple(join(1, k + t) for k, t in reversed(list(enumerate(lifetimes, start=1))))
-    return (*rows, join(e, 1), *steps(j))
+    return (*_rows(lifetimes), join(e, 1), *steps(j))
+
+
+def chunk_after_hit(g: Geometry, h: int, e: int, j: int, lifetimes: tuple[int, ...]) -> Witness:
+    """A source of h * bs fresh tokens and max_tokens 1, its chunks alone: it ends as its prompt
+    completes, its h full blocks registered and then freed to the free list's tail. Then the rows
+    of `chunk_after_rows`, then a prompt of e tokens sharing the source's h blocks: it starts at
+    h * bs, and its chunk j+1, its last, is the call wanted. Before its lookup the rows allocate at
+    most their reservations, at most U - ceil(e / bs) < U - h blocks, all taken from ahead of the
+    source's blocks, so none is evicted."""
+    source = (join(h * g.bs, 1), *steps(ceil_div(h * g.bs, g.T) - 1))
+    return (*source, *_rows(lifetimes), RaggedAction("join", e, 1, 0, h), *steps(j))
+
+
+def _rows(lifetimes: tuple[int, ...]) -> Witness:
+    return tuple(join(1, k + t) for k, t in reversed(list(enumerate(lifetimes, start=1))))
 
 
 # -- the rows beside a chunked prompt ---------------------------------------------------------------------

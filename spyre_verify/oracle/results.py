@@ -22,7 +22,9 @@ class Action:
     before the step that prefills it), or the abort of a running request between steps.
 
     `index` names the aborted request by arrival order: the index-th join of the witness,
-    counting from 0 (the walks carry each row's arrival beside their states).
+    counting from 0 (the walks carry each row's arrival beside their states). A join with
+    `shared` = h >= 1 (ragged, prefix caching) has a prompt whose first h blocks are those of
+    the index-th join's prompt, so it can hit them (`join_prompts` builds the tokens).
 
     The ragged walk uses the same kinds, so every replay reads both layouts alike: a join is
     an add and the step that admits it, a decode one step (`ragged_walk.RaggedAction` prints
@@ -33,11 +35,39 @@ class Action:
     prompt_len: int = 0
     max_tokens: int = 0
     index: int = 0
+    shared: int = 0  # a join: how many leading prompt blocks it shares with the index-th join's
 
     def __str__(self) -> str:
         if self.kind == "join":
             return f"join({self.prompt_len}, {self.max_tokens})"
         return f"abort(#{self.index})" if self.kind == "abort" else "decode"
+
+
+def prompt(length: int, vocab: int, salt: int = 0) -> tuple[int, ...]:
+    """Deterministic tokens inside the vocab; `salt` keeps two arrivals' prompts apart: prompts of
+    different salts below the vocab differ at every position (11 and the vocab coprime), and salts
+    past it (say, the hundredth coverage scenario's) still differ at position 0 or 1, so prompts of
+    two salts share no block of 2 tokens or more."""
+    turn = salt // vocab  # 0 below the vocab: those prompts are as they always were
+    return tuple((7 * i + 3 + 11 * salt + 5 * turn * i) % vocab for i in range(length))
+
+
+def join_prompts(path: tuple[Action, ...], vocab: int, block_size: int, salt: int = 0) -> list[tuple[int, ...]]:
+    """The prompt of each join of a witness, in join order: `prompt(p, vocab, salt + rank)` with the
+    join's rank among the joins, except that a join sharing h blocks of the index-th join takes that
+    prompt's first h * block_size tokens instead. So its later blocks, salted apart, match nothing
+    the witness wrote; witnesses served one after another on one engine take salts apart too."""
+    out: list[tuple[int, ...]] = []
+    for a in path:
+        if a.kind != "join":
+            continue
+        own = prompt(a.prompt_len, vocab, salt + len(out))
+        if a.shared:
+            k = a.shared * block_size
+            assert a.index < len(out) and k <= min(len(out[a.index]), a.prompt_len - 1), f"{a}: no such prefix"
+            own = out[a.index][:k] + own[k:]
+        out.append(own)
+    return out
 
 
 # A raw dispatch shape, (kind, a, b): padded ("decode", seqs, tkv) or ("prefill", post-shift tkv, 0);
@@ -97,11 +127,20 @@ Steps = Callable[[Any, Any], Iterable[tuple[Action, Iterable[Shape], Any, Any]]]
 Aborts = Callable[[Any, Any], Iterable[tuple[Action, Any, Any]]]
 
 
-def breadth_first(empty: Hashable, labels: Any, steps: Steps, aborts: Aborts, max_states: int | None = None) -> Walked:
+def breadth_first(
+    empty: Hashable,
+    labels: Any,
+    steps: Steps,
+    aborts: Aborts,
+    max_states: int | None = None,
+    covered: Callable[[Any], bool] | None = None,
+) -> Walked:
     """Breadth first from the empty engine, in rounds: round k reaches the states that need k
     aborts. Every shape the `steps` of a state dispatch, each with a path of fewest aborts, then
     fewest actions. Both layouts' walks are this search over their own states and rules. States
-    are told apart alone; a state's labels are those of the first path to reach it."""
+    are told apart alone; a state's labels are those of the first path to reach it. `covered`, when
+    given, is asked once about each new state, and one it says a state already found reaches no
+    less from is not walked (so a path may be longer than the fewest actions)."""
     parent: dict[Any, tuple[Any, Action] | None] = {empty: None}
     todo = deque([(empty, labels)])
     paths: dict[Shape, tuple[Action, ...]] = {}
@@ -123,12 +162,12 @@ def breadth_first(empty: Hashable, labels: Any, steps: Steps, aborts: Aborts, ma
                 for shape in shapes:
                     if shape not in paths:
                         paths[shape] = (*_path(parent, state), action)
-                if nxt not in parent:
+                if nxt not in parent and (covered is None or not covered(nxt)):
                     parent[nxt] = (state, action)
                     todo.append((nxt, labels))
         for state, at in seen:
             for action, nxt, labels in aborts(state, at):
-                if nxt not in parent:
+                if nxt not in parent and (covered is None or not covered(nxt)):
                     parent[nxt] = (state, action)
                     todo.append((nxt, labels))
     return Walked(frozenset(paths), len(parent), True, paths)

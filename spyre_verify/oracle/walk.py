@@ -72,6 +72,11 @@ __all__ = [
 # Above this max_model_len no walk finishes within its budget (at 32, S 4 it already stops at
 # 400,000 states): `reachable` goes straight to the closed form instead of spending seconds.
 WALK_MAX_LEN = 64
+# With prefix caching on, the ragged walk also carries the cached prefix a later join may hit, and
+# its states grow 3 to 70 times (the main job's ragged config passes 400,000 states in over a
+# minute): `reachable` gives it this budget, then the closed form, which the tests hold equal to
+# the walk on 504 small configs with caching on and off (tests/verify/test_prefix_oracle.py).
+PREFIX_STATE_BUDGET = 20_000
 
 # (left padding, tokens still to generate). Left padding is kept rounded down to whole
 # blocks: only lp // bs ever matters (strip, shift and reservations), so rows that
@@ -241,7 +246,8 @@ def reachable(config: RuntimeConfig, budget: int = STATE_BUDGET) -> Reachable:
     exhaustive walk where it finishes within `budget` states, else the closed form. Either way
     the set is exact (`Reachable.exact`)."""
     if config.max_model_len <= WALK_MAX_LEN:
-        w = walked(config, budget)
+        cached = is_ragged(config) and ragged_walk.space(config).caching
+        w = walked(config, min(budget, PREFIX_STATE_BUDGET) if cached else budget)
         if w.exhaustive:
             return w
     return closed(config)

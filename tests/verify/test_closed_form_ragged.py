@@ -24,8 +24,11 @@ from spyre_verify.workload import Abort, Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:
-    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel.
-    return RuntimeConfig(**{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, **kw})
+    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel. Prefix
+    # caching off unless a test says otherwise: tests/verify/test_prefix_oracle.py walks it on.
+    return RuntimeConfig(
+        **{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, "enable_prefix_caching": False, **kw}
+    )
 
 
 def attend(kv: int, q: int) -> Bucket:
@@ -70,14 +73,14 @@ def test_the_closed_form_equals_the_exhaustive_walk() -> None:
 def last_step_buckets(c: RuntimeConfig, path: tuple[RaggedAction, ...]) -> frozenset[Bucket]:
     """Replay `path` as `traffic.arrivals` schedules it on a real engine, on `RaggedModel`: every
     arrival is admitted by the step it arrives before; the buckets of the last step's calls."""
-    items, lad = arrivals(path, c.model.vocab_size), ladders(c)
+    items, lad = arrivals(path, c.model.vocab_size, c.block_size), ladders(c)
     model, steps = RaggedModel(c), sum(a.kind != "abort" for a in path)
     adds = [i for i in items if isinstance(i, Arrival)]
     for step in range(steps):
         for k, item in enumerate(adds):
             if item.step == step:
                 assert model.reject_reason(len(item.prompt), item.max_tokens) is None
-                model.add(f"a{k}", len(item.prompt), item.max_tokens)
+                model.add(f"a{k}", len(item.prompt), item.max_tokens, item.prompt)
         for item in items:
             if isinstance(item, Abort) and item.step == step:
                 model.abort(f"a{item.ref}")

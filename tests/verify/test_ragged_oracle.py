@@ -21,8 +21,11 @@ from spyre_verify.workload import Abort, Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:
-    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel.
-    return RuntimeConfig(**{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, **kw})
+    # Batched from 2 rows unless a test says otherwise: small configs keep the batched kernel. Prefix
+    # caching off unless a test says otherwise: tests/verify/test_prefix_oracle.py walks it on.
+    return RuntimeConfig(
+        **{"layout": "ragged", "backend": "eager", "min_batched_seqs": 2, "enable_prefix_caching": False, **kw}
+    )
 
 
 def attend(kv: int, q: int) -> Bucket:

@@ -121,11 +121,11 @@ def test_a_rejected_request_is_a_finding_and_leaves_the_engine_idle() -> None:
 
 def _refuse_coverage_prompts(monkeypatch: pytest.MonkeyPatch, config: RuntimeConfig) -> None:
     """The runtime wrongly refuses exactly the coverage traffic's first join of each witness
-    (the prompt `traffic.prompt` builds with salt 0), so the main workload runs clean."""
+    (each scenario's first salt: the scenarios take salts one after another), so the main
+    workload runs clean."""
     from runtime.errors import RequestError
-    from spyre_verify.traffic import prompt
 
-    witness_prompts = {prompt(n, config.model.vocab_size) for n in range(1, config.max_model_len + 1)}
+    witness_prompts = {next(a.prompt for a in s.arrivals if isinstance(a, Arrival)) for s in coverage_scenarios(config)}
     add = Engine.add_request
 
     def add_request(self: Engine, prompt_token_ids: object, max_tokens: object, *a: object, **k: object) -> str:
