@@ -32,6 +32,7 @@ DECLARABLE = (
     "max_num_batched_tokens",
     "batched_decode_entries",
     "query_buckets",
+    "enable_prefix_caching",  # ragged: a runtime that shares no cached block declares False
 )
 LADDERS = ("kv_buckets", "query_buckets")
 MODELLED = ("padded", "ragged")  # "none": the layout-free rules only

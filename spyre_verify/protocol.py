@@ -25,7 +25,9 @@ EVENTS = {
     "block_table": "(paging) a step's table: kernel, bucket, step, request_ids, left_pads, seq_lens, tkv, "
     "block_table (one row per padded row), owners (the pool's block -> owner map as the kernels are about to "
     "run: a live read-only view, so no owner is looked up unless a rule asks; read it in the handler, copy it "
-    "to keep it), num_blocks, null_block",
+    "to keep it), num_blocks, null_block (and, with prefix caching, `holders`: each registered block in use -> "
+    "every request holding it; those are read-only and in no request's `owners`, which then lists private "
+    "blocks only; a runtime that shares no block may leave it out)",
     "call": "(optional; the bundled runtime, only while someone listens) one call of a compiled kernel: kernel, "
     "bucket, phase; with graph_hit it shows a call no graph served (an eager fallback)",
     "graph_hit": "(optional, as call) a compiled graph served a call: kernel, bucket (the call's), graph_id, "
@@ -39,7 +41,16 @@ EVENTS = {
     "its model of the contract after every step",
     "kv_write": "(paging) every KV slot a step writes, one event a step, before its kernels run: step, slots "
     "(block * block_size + offset), writers (the request writing each slot; None for a padding position, which "
-    "only a runtime with `padding_sink` may write, and only into that block), owners (as for block_table)",
+    "only a runtime with `padding_sink` may write, and only into that block), owners (as for block_table; "
+    "with prefix caching also `holders`, as for block_table: none of those blocks may be written)",
+    "cache_hit": "(prefix caching) at admission, before the step's dispatches: step, request_id, blocks (the "
+    "leading prompt blocks found in the cache, in order; they join its table, and its first chunk starts at "
+    "len(blocks) * block_size), hashes (the runtime's own, never judged)",
+    "cache_register": "(prefix caching) at the end of a step, before its finishes: step, request_id, index (the "
+    "request's block number: positions index * block_size onward), block (now full, and read-only from here), "
+    "hash, parent (the previous block's hash, or None)",
+    "cache_evict": "(prefix caching) an allocation took a cached free block back, before the step's dispatches: "
+    "step, block, hash",
 }
 
 # The optional capabilities and what each offers; `check_runtime` verifies the attributes.

@@ -204,7 +204,7 @@ def audit_blocks(engine: Any, result: SoakResult) -> None:
     if isinstance(engine, BundledRuntime):  # its pool also shows reservations and the free count
         pool = engine.pool
         result.usable_blocks, result.free_blocks = pool.usable, pool.num_free
-        result.reserved_left = {o: n for o, n in pool.snapshot()[2] if o not in running}
+        result.reserved_left = {o: n for o, n in pool.reservations().items() if o not in running}
     if "reservations" in engine.capabilities:  # another runtime's scheduler, read through the protocol
         result.reserved_left = {o: n for o, n in engine.reservations().items() if n > 0 and o not in running}
     if "kv_cache" in engine.capabilities:

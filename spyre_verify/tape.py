@@ -26,7 +26,9 @@ KIND = "check-reproducer"
 # runtime show their findings again. The others also judge the harness's traffic, preflight and
 # control calls (dispatch-coverage's coverage and crowd problems, graph-reuse's guard and
 # controls) or the config (ladders, exactness): for those, rerun `check`.
-REPLAYABLE = frozenset({"padding-validity", "output-equivalence", "liveness", "runtime-crash", "volume-limit"})
+REPLAYABLE = frozenset(
+    {"padding-validity", "output-equivalence", "liveness", "runtime-crash", "volume-limit", "prefix-cache"}
+)
 # A crash replays when the calls made it: in the traffic, not in warmup, a preflight, a control call
 # or a check's own end-of-run inspection (RuntimeCrash names the stage).
 TRAFFIC_CRASH = re.compile(r"the runtime crashed during (serving|coverage traffic|crowd traffic)\b")

@@ -150,8 +150,12 @@ class ContractConformance(Checker):
         self.stops[ev.request_id] = frozenset(ev.stop_token_ids) | (frozenset() if ev.ignore_eos else {self.eos})
         self.max_tokens[ev.request_id] = ev.max_tokens
         reason = self.refusal(ev.prompt, ev.max_tokens)
-        # Queue it either way: the engine holds it, and lockstep needs the same queue.
-        self.model.add(ev.request_id, len(ev.prompt), ev.max_tokens)
+        # Queue it either way: the engine holds it, and lockstep needs the same queue. The ragged model
+        # gets the tokens the harness sent, so that it finds the prefix-cache hits DESIGN gives them.
+        if isinstance(self.model, RaggedModel):
+            self.model.add(ev.request_id, len(ev.prompt), ev.max_tokens, ev.prompt)
+        else:
+            self.model.add(ev.request_id, len(ev.prompt), ev.max_tokens)
         if reason is not None:
             self.flag(
                 "wrongly-accepted",
@@ -243,13 +247,15 @@ class ContractConformance(Checker):
         """Step the model (or abort in it) as the engine did, then hold the engine's state to it."""
         self.steps_checked += 1
         model = self.model
+        seen = self.seen(ev)
+        values = seen.pop("values", None)
         if ev.kind != "abort":
-            self.rule_sets[model.step(stopped).rules] += 1
+            step = model.step(stopped, values) if isinstance(model, RaggedModel) else model.step(stopped)
+            self.rule_sets[step.rules] += 1
         elif not self._abort(ev):
             return
         rows, self.held = self.held, ev.rows
         state = (ev.rows, ev.tkv, ev.kind, ev.admitted, ev.finished, ev.waiting, ev.free_blocks)
-        seen = self.seen(ev)
         if model.agrees(*state, **seen):
             return
         diffs = model.differences(*state, **seen)
@@ -268,7 +274,9 @@ class ContractConformance(Checker):
         # Resynchronise before flagging: a strict checker raises out of flag().
         self.resync(ev)
         if first:
-            kind = {"stall": "stall", "batched": "batched-rule", "leak": "leaked-blocks"}.get(rule, "divergence")
+            kind = {"stall": "stall", "batched": "batched-rule", "leak": "leaked-blocks", "hit": "prefix-hit"}.get(
+                rule, "divergence"
+            )
             self.flag(kind, f"step {ev.step}: rule {rule!r}: {message}", batch=batch)
 
     def seen(self, ev: StateEvent) -> dict[str, Any]:

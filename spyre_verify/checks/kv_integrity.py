@@ -15,6 +15,12 @@ block is next written or freed, or at the end of the run (`final_check`), not in
 step that made it. The report names the window: the steps between the block's last look
 and the one that caught it. `every` spaces the checks out. The slots written in between
 are accumulated, so a spaced-out check misses nothing. It only reports later.
+
+Prefix caching: a registered block is read-only from its registration (`cache_register`) until
+its eviction (`cache_evict`), whoever holds it and while it sits free in the cache. It stays
+watched when its last holder frees it, a write into it (or into any block the event lists in
+`holders`) does not excuse a change, and a hit (`cache_hit`) looks at the blocks it serves at
+the next check: the request reading them must find what their first writer wrote.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import Any
 
 import torch
 
-from runtime.events import DispatchEvent, KVWriteEvent, StepEvent
+from runtime.events import CacheEvictEvent, CacheHitEvent, CacheRegisterEvent, DispatchEvent, KVWriteEvent, StepEvent
+from spyre_verify.checks.padding_rules import holders_of
 from spyre_verify.checks.violations import Checker
 
 # A value's bits, as an integer as wide as it: a NaN equals itself, and any change of bits shows.
@@ -104,6 +111,7 @@ class KVIntegrity:
         self.digests = Digests(engine, self.block_size)
         self.held: dict[int, Held] = {}
         self.dirty: dict[int, set[int]] = {}  # block -> offsets written since its digest
+        self.registered: set[int] = set()  # read-only until evicted, held or cached free
 
     def _watch(self, blocks: list[int], owners: list[str | None], since: int) -> None:
         self.digests.store(blocks)
@@ -114,11 +122,29 @@ class KVIntegrity:
         if self.null not in self.held and self.null != self.sink:  # the first step: nothing may write the null block
             self._watch([self.null], [None], ev.step - 1)
 
+    def on_cache_register(self, ev: CacheRegisterEvent) -> None:
+        self.registered.add(ev.block)
+
+    def on_cache_evict(self, ev: CacheEvictEvent) -> None:
+        self.registered.discard(ev.block)
+
+    def on_cache_hit(self, ev: CacheHitEvent) -> None:
+        for b in ev.blocks:  # looked at in the next check, with no slot allowed to change
+            self.dirty.setdefault(b, set())
+
+    def frozen(self, ev: KVWriteEvent) -> set[int]:
+        """The blocks no write may change: registered ones, and the shared ones the event names."""
+        shared = holders_of(ev)
+        return self.registered.union(shared) if shared else self.registered
+
     def on_kv_write(self, ev: KVWriteEvent) -> None:
         # Every step, checked or not: the slots accumulate until the next check.
         bs, dirty = self.block_size, self.dirty
         fresh: dict[int, str | None] = {}
         allowed = ev.slots if self.allowed is None else self.allowed(ev)
+        frozen = self.frozen(ev)
+        if frozen:  # a write into a read-only block is looked at (below), but allows no change
+            allowed = [s for s in allowed if s // bs not in frozen]
         for slot in allowed:
             b, off = divmod(slot, bs)
             if b == self.sink:
@@ -160,7 +186,7 @@ class KVIntegrity:
                 stray.setdefault(b, []).append(off)
         found = [(b, slots, self.held[b], sorted(self.dirty.get(b, ()))) for b, slots in stray.items()]
         for b in look:
-            if b in freed and owners.get(b) is None:
+            if b in freed and owners.get(b) is None and b not in self.registered:
                 del self.held[b], self.digests.table[b]  # back in the pool: watched again from its next write
             else:
                 self.held[b] = Held(owners.get(b), step)
@@ -177,6 +203,12 @@ class KVIntegrity:
         window = f"in step {step}" if one else f"between step {held.since + 1} and step {step}"
         if b == self.null:
             return f"the null block changed in slots {slots} {window}, although nothing may write it"
+        if b in self.registered:
+            which = f"live block {b} of {held.owner}" if held.owner else f"registered block {b}, cached free,"
+            return (
+                f"{which} changed in slots {slots} {window}, although it is registered, and so read-only until "
+                "evicted: a request that hits it reads other KV than its first writer wrote"
+            )
         by = "the step" if one else f"steps {held.since + 1}..{step}"
         if self.allowed is not None:  # judged against the dispatches' promises, not the announcements
             if wrote:

@@ -1,6 +1,9 @@
 """Padding validity: padded entries are the null block, real entries belong to their row,
 and KV writes land only in blocks their writer owns.
 
+With prefix caching a row may also list the shared blocks its request holds (the event's
+`holders`), but nobody writes them: a registered block is read-only (`shared-block-write`).
+
 Every dispatch of a runtime with `paging` comes with its step's `block_table` and `kv_write`
 events (the protocol's promise); a dispatch without them is a `missing-event`, not a step
 with nothing to judge. For a `design_contract` runtime the null block is DESIGN's, block 0;
@@ -25,7 +28,13 @@ from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import PREFILL
 from runtime.events import BlockTableEvent, DispatchEvent, KVWriteEvent
 from spyre_verify.checks.kv_integrity import KVIntegrity
-from spyre_verify.checks.padding_rules import block_table_problems, seq_len_problems
+from spyre_verify.checks.padding_rules import (
+    block_table_problems,
+    holder_of,
+    holders_of,
+    seq_len_problems,
+    whose,
+)
 from spyre_verify.checks.ragged_padding import RaggedSteps, is_ragged
 from spyre_verify.checks.violations import Checker, InvariantViolation
 
@@ -174,6 +183,7 @@ class PaddingValidity(Checker):
             ev.num_blocks,
             self.null_block,
             ev.seq_lens if self.by_lengths else None,
+            holders_of(ev),
         )
         if not self.by_lengths:  # DESIGN fixes each row's length: the event must say the same
             problems += seq_len_problems(ev.request_ids, ev.left_pads, ev.seq_lens, ev.tkv, ev.kernel)
@@ -194,6 +204,8 @@ class PaddingValidity(Checker):
         rids, pads, lens, table, owners = ev.request_ids, ev.left_pads, ev.seq_lens, ev.block_table, ev.owners
         n, null, bs, tkv, hi = len(rids), self.null_block, self.block_size, ev.tkv, ev.num_blocks
         if n > len(table) or len(pads) != n or len(lens) != n or null in owners or not 0 <= null < hi:
+            return False
+        if holders_of(ev):  # the padded layout shares no block: one that does goes rule by rule
             return False
         if ev.kernel == PREFILL:
             last, length = (tkv - 1) // bs, tkv  # a row's length is this minus its left padding
@@ -225,15 +237,21 @@ class PaddingValidity(Checker):
         for kind, message, bucket in self.ragged.write_problems(ev):
             self.flag(kind, message, bucket=None if bucket is None else str(bucket))
         owners, null, writers, slots, bs = ev.owners, self.null_block, ev.writers, ev.slots, self.block_size
+        holders = holders_of(ev)
         blocks = list(map(operator.floordiv, slots, itertools.repeat(bs)))
         if blocks and null not in blocks and len(blocks) == len(writers):
             try:  # the common case, at C speed: one call looks every owner up (a bare value for one slot)
                 got = itemgetter(*blocks)(owners)
-            except KeyError:  # a free block: no writer, not even a padding one (None), may match it
+            except KeyError:  # a free or a shared block: no writer, not even a padding one (None), may match it
                 got = KeyError
-            if got == (writers[0] if len(blocks) == 1 else tuple(writers)):
+            mine = got == (writers[0] if len(blocks) == 1 else tuple(writers))
+            if mine and (not holders or holders.keys().isdisjoint(blocks)):
                 return
-        odd = {(b, w) for b, w in zip(blocks, writers, strict=True) if w is None or b == null or owners.get(b) != w}
+        odd = {
+            (b, w)
+            for b, w in zip(blocks, writers, strict=True)
+            if w is None or b == null or owners.get(b) != w or b in holders
+        }
         for b, writer in sorted(odd, key=lambda bw: (bw[0], bw[1] or "")):
             if writer is None and b == self.sink:
                 continue  # a padding position, where the runtime sinks padding on purpose
@@ -242,7 +260,7 @@ class PaddingValidity(Checker):
             at = f"step {ev.step}" if bucket is None else f"step {ev.step} ({bucket})"
             named = {} if bucket is None else {"bucket": str(bucket)}
             if writer is None:
-                held = f"owned by {owners[b]}" if owners.get(b) is not None else "a free block"
+                held = whose(b, owners, holders) if holder_of(b, owners, holders) else "a free block"
                 rule = (
                     f"padding may land only in the runtime's padding sink, block {self.sink}"
                     if self.sink is not None
@@ -251,6 +269,14 @@ class PaddingValidity(Checker):
                 self.flag("padding-write", f"{at}: padding positions write slots {where} in block {b} ({held}): {rule}")
             elif b == null:
                 self.flag("null-write", f"{at}: {writer} writes slots {where} in the null block", **named)
+            elif b in holders:
+                self.flag(
+                    "shared-block-write",
+                    f"{at}: {writer} writes slots {where} in block {b}, registered and held by "
+                    f"{', '.join(holders[b])}: a request writes only its own unshared, unregistered blocks, "
+                    "so a shared prefix's KV would change under every request reading it",
+                    **named,
+                )
             else:
                 self.flag(
                     "foreign-write",

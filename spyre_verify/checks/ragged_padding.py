@@ -8,7 +8,9 @@ slot it may write, before any write is announced: the `kv_write` event must be e
 and KV integrity holds every other slot still (a request's earlier chunks survive its later
 ones). The runtime's own claims are checked against its state too: a row's queries start at
 the tokens it had cached after the previous step, and its table lists the blocks its cached
-KV lives in, in position order.
+KV lives in, in position order. A prefix cache hit counts as cached: the request admitted with
+h blocks from the cache starts at position h * bs, with those blocks leading its row (whether
+the hit was right is `checks.prefix_cache`'s to judge).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from runtime.bucketer import AttendKey, Bucket, ChunkedKey
-from runtime.events import BlockTableEvent, KVWriteEvent, StateEvent
-from spyre_verify.checks.padding_rules import ragged_table_problems
+from runtime.events import BlockTableEvent, CacheHitEvent, KVWriteEvent, StateEvent
+from spyre_verify.checks.padding_rules import holders_of, ragged_table_problems
 
 
 def is_ragged(bucket: Bucket) -> bool:
@@ -54,8 +56,8 @@ def spans(values: Sequence[int]) -> str:
 
 class RaggedSteps:
     """The ragged half of padding-validity: it keeps the step's promised writes and the
-    runtime's last state. Subscribed on its own (its only handler is `on_state`), and only for a
-    ragged runtime, so a padded run never pays for building state events."""
+    runtime's last state. Subscribed on its own (its handlers are `on_state` and `on_cache_hit`),
+    and only for a ragged runtime, so a padded run never pays for building state events."""
 
     def __init__(self, block_size: int, null_block: int) -> None:
         self.bs, self.null = block_size, null_block
@@ -91,6 +93,11 @@ class RaggedSteps:
             self.blocks[ev.prefill.request_id] = ev.prefill.blocks
             self.cached[ev.prefill.request_id] = ev.prefill.computed
 
+    def on_cache_hit(self, ev: CacheHitEvent) -> None:
+        """A request admitted this step with cached blocks: their positions are its cached KV."""
+        self.blocks[ev.request_id] = tuple(ev.blocks)
+        self.cached[ev.request_id] = len(ev.blocks) * self.bs
+
     def table(self, ev: BlockTableEvent) -> list[tuple[str, str]]:
         """Every broken rule of one ragged table; records the writes it promises."""
         self._begin(ev.step)
@@ -101,7 +108,16 @@ class RaggedSteps:
         shape, bs = table_shape(ev.bucket), self.bs
         known = self.blocks if current else None
         problems = ragged_table_problems(
-            ev.block_table, ev.request_ids, ev.seq_lens, shape, bs, ev.owners, ev.num_blocks, self.null, known
+            ev.block_table,
+            ev.request_ids,
+            ev.seq_lens,
+            shape,
+            bs,
+            ev.owners,
+            ev.num_blocks,
+            self.null,
+            known,
+            holders_of(ev),
         )
         for rid, sl, q, row in zip(ev.request_ids, ev.seq_lens, ev.query_lens, ev.block_table, strict=False):
             start = sl - q

@@ -198,7 +198,9 @@ def payload(r: SoakResult) -> dict[str, Any]:
 
 # The padding-validity checker's live-padding message, e.g. "step 7: padded entry 0 of
 # req-3's row points at block 1, owned by live request req-1; ...".
-LIVE_PADDING = re.compile(r"padded entry (\d+) of (\S+)'s row points at block (\d+), owned by live request (\S+);")
+LIVE_PADDING = re.compile(
+    r"padded entry (\d+) of (\S+)'s row points at block (\d+), (?:owned by|registered, held by) live requests? (\S+);"
+)
 
 
 def live_padding(violations: list[Violation]) -> dict[str, object] | None:

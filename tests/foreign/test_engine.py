@@ -54,8 +54,16 @@ def test_events_carry_exactly_the_protocols_fields() -> None:
         "block_table": ev.BlockTable,
         "kv_write": ev.KVWrite,
     }
-    # All of them but the contract's batch state and the bundled runtime's optional call accounting.
-    assert set(kinds) == set(protocol.EVENTS) - {"state", "call", "graph_hit"}
+    # All of them but the contract's batch state, the bundled runtime's optional call accounting and
+    # the prefix cache's events (this runtime shares no block).
+    assert set(kinds) == set(protocol.EVENTS) - {
+        "state",
+        "call",
+        "graph_hit",
+        "cache_hit",
+        "cache_register",
+        "cache_evict",
+    }
     for kind, cls in kinds.items():
         assert sorted(f.name for f in dataclasses.fields(cls)) == sorted(protocol_fields(kind)), kind
     assert [f.name for f in dataclasses.fields(ev.Batch)] == ["request_ids", "seq_lens"]

@@ -101,4 +101,5 @@ class Config:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "min_batched_seqs": self.min_batched_seqs,
             "batched_decode_entries": self.batched_decode_entries,
+            "enable_prefix_caching": False,  # it shares no block between requests
         }

@@ -85,6 +85,7 @@ def test_the_factory_declares_every_value_it_reads() -> None:
             "max_num_batched_tokens": 12,
             "min_batched_seqs": 2,
             "batched_decode_entries": 32,
+            "enable_prefix_caching": False,
         }
         assert e.layers == 2 and e.config.layout == "ragged" and e.num_blocks == 20
         assert "design_contract" not in e.capabilities and issubclass(e.refusal, ValueError)
@@ -122,7 +123,16 @@ def test_the_warm_plan_is_the_oracles_reachable_set() -> None:
         nb = rng.choice((0, top + 1, top + 3, 2 * top + 1))
         c = Config(bs, L, S, T, nb)
         mine = {(b[0], *b[1:]) for b in Reach(c, Ladders(c, Faults())).plan()}
-        rc = RuntimeConfig(bs, L, S, nb or None, min_batched_seqs=2, layout="ragged", max_num_batched_tokens=T)
+        rc = RuntimeConfig(
+            bs,
+            L,
+            S,
+            nb or None,
+            min_batched_seqs=2,
+            layout="ragged",
+            max_num_batched_tokens=T,
+            enable_prefix_caching=False,
+        )
         theirs = {(b.kernel, *b.key.values()) for b in closed(rc).buckets}
         assert mine == theirs, (bs, L, S, T, nb)
 

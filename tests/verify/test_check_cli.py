@@ -32,6 +32,7 @@ CHECKS = {
     "liveness",
     "request-echo",
     "edge-rules",
+    "prefix-cache",
 }
 # One fault stands in for the catalog here; test_controls_cli runs all of it.
 CONTROLS = ["mask-leak"]

@@ -35,6 +35,7 @@ RAGGED = RuntimeConfig(
     max_num_batched_tokens=8,
     batched_decode_entries=2,
     min_batched_seqs=2,  # the batched kernel at 2 and 3 rows: the threshold is a config value
+    enable_prefix_caching=False,  # the table rules alone; shared blocks have tests/verify/test_prefix_checks.py
     backend="eager",
 )
 PROMPTS = (22, 25, 30, 20)
