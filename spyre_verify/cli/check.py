@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from spyre_verify import faults
 from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
-from spyre_verify.cli.check_report import PassOutcome, markdown, outcome_of, payload, tokens_words
+from spyre_verify.cli.check_report import PassOutcome, expected_findings, markdown, outcome_of, payload, verdict_line
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
@@ -308,31 +307,6 @@ def finding_kind(text: str) -> str:
     return text
 
 
-def expected_findings(p: dict[str, Any], expected: list[str]) -> int:
-    """Exit 0 when the violations are exactly the expected kinds, every fault was caught and the run
-    itself did not stop short; else 1, naming what was missing or new."""
-    found = {f"{c['name']}/{v['kind']}" for c in p["checks"] for v in c["violations"]}
-    missing, new = sorted(set(expected) - found), sorted(found - set(expected))
-    escaped = [r["fault"] for r in p["controls"] or [] if not r["caught"]]
-    # A run cut short by a violation or a crash fails through that finding; any other error
-    # (verified nothing, verified too little) is a failure of its own.
-    consequence = found and re.match(r"[\w -]+ (stopped|crashed): ", p["error"] or "")
-    error = p["error"] if p["error"] and not consequence else None
-    per_seq = (p.get("per_sequence_pass") or {}).get("verdict") == "fail"
-    sibling = ((p.get("controls_config") or {}).get("clean_run") or {}).get("verdict") == "fail"
-    problems = [
-        *([f"expected but not found: {', '.join(missing)}"] if missing else []),
-        *([f"found but not expected: {', '.join(new)}"] if new else []),
-        *([f"faults not caught: {', '.join(escaped)}"] if escaped else []),
-        *([f"not observed: {', '.join(p['not_observed'])}"] if p.get("not_observed") else []),
-        *(["the per-sequence pass failed"] if per_seq else []),
-        *(["the fault catalog's clean run failed"] if sibling else []),
-        *([error] if error else []),
-    ]
-    say("expected findings: " + ("; ".join(problems) if problems else f"all {len(expected)} found, nothing else"))
-    return 1 if problems else 0
-
-
 def write_reproducer(out: Path, name: str, result: Any, target: str) -> dict[str, Any]:
     """`NAME-repro.json`: per finding, the calls of the main pass up to it, which `replay` re-issues
     on a fresh runtime (`spyre_verify.tape`); the report keeps the file, and a command per finding."""
@@ -360,58 +334,6 @@ def controls_payload(done: Done) -> dict[str, Any] | None:
         return None
     clean = done.sibling_clean.summary if done.sibling_clean is not None else {"verdict": "not run"}
     return {**done.controls_config, "clean_run": clean}
-
-
-def verdict_line(p: dict[str, Any]) -> str:
-    """The last line of a run, as soak and audit end: the verdict and the figures behind it."""
-    failing = [c["name"] for c in p["checks"] if c["violations"]]
-    cov = p["coverage"]
-    parts = [
-        f"{sum(len(c['violations']) for c in p['checks'])} violations"
-        + (f" ({', '.join(failing)})" if failing else ""),
-        f"served {cov.get('served', 0)} of {cov.get('reachable', 0)} reachable buckets"
-        if "not_run" not in cov
-        else f"served {cov.get('served', 0)} buckets (no reachable set: {cov['not_run']})",
-        *([f"{len(cov['unserved'])} warm buckets never served"] if cov.get("unserved") else []),
-        f"tokens match the reference: {tokens_words(p)}",
-    ]
-    if p["controls"] is not None:
-        on = p.get("controls_config")
-        at = f" (at max_model_len {on['max_model_len']}, clean run {on['clean_run']['verdict'].upper()})" if on else ""
-        parts.append(f"{sum(r['caught'] for r in p['controls'])} of {len(p['controls'])} faults caught{at}")
-    elif p.get("controls_not_run"):
-        parts.append(f"fault catalog not run ({p['controls_not_run']})")
-    if p["per_sequence_pass"] is not None:
-        parts.append(f"per-sequence pass {p['per_sequence_pass']['verdict'].upper()}")
-    if p.get("not_observed"):
-        parts.append(f"not observed: {', '.join(p['not_observed'])}")
-    if not_run := [c["name"] for c in p["checks"] if c["status"] == "not run"]:
-        parts.append(f"not run: {', '.join(not_run)}")
-    w = p["workload"]
-    if w["rejected"]:
-        parts.append(f"{w['rejected']} of {w['requests'] + w['rejected']} requests refused")
-    if hint := volume_hint(p):
-        parts.append(hint)
-    if p["error"]:
-        parts.append(error_text(p["error"]))
-    return f"check {p['verdict'].upper()}: {', '.join(parts)}"
-
-
-def error_text(error: str) -> str:
-    """A run that served to the end but judged too little says so; only a stop or a crash stopped serving."""
-    return error if error.startswith("verified ") else f"serving stopped early: {error}"
-
-
-def volume_hint(p: dict[str, Any]) -> str:
-    """A volume rule that could not bind judged nothing that could fail: say so, and how to
-    exercise it (a size flag drops the embedded binding limit). "" when it could bind."""
-    seen: dict[str, Any] = next((c.get("observed", {}) for c in p["checks"] if c["name"] == "volume-limit"), {})
-    if not seen or seen.get("could_bind", True):
-        return ""
-    return (
-        f"volume rule not exercised: its limit {seen['limit']} cannot bind "
-        f"(give --max-batch-tkv-limit below {seen['largest_possible']})"
-    )
 
 
 def write_partial(out: Path, name: str, config: Any, fault: str | None, done: Done) -> Path:

@@ -50,6 +50,16 @@ from spyre_verify.faults.configs import (
 
 # dropped_bucket: the bucket over-pruned-warmup drops, which the tests name.
 from spyre_verify.faults.configs import dropped_bucket as dropped_bucket
+from spyre_verify.faults.prefix import (
+    free_on_any_drop,
+    never_hits,
+    no_whole_prompt,
+    one_block_hits,
+    parentless_hash,
+    shared_by_none,
+    start_one_block_early,
+    uncapped_lookup,
+)
 from spyre_verify.faults.ragged import (
     batched_below_four,
     batches_from_two,
@@ -332,6 +342,42 @@ CATALOG: dict[str, Fault] = {
             configure=split_prompts,
             patch=chunk_offset_ignored,
             layouts=("ragged",),
+        ),
+        Fault(
+            "prefix-write-shared",
+            "padding-validity",
+            "after a prefix cache hit of h blocks the first chunk starts at (h - 1) * bs, recomputing the last hit "
+            "block and writing into a registered, shared block",
+            patch=start_one_block_early,
+            layouts=("ragged",),
+            inert=never_hits,
+        ),
+        Fault(
+            "prefix-hash-ignores-parent",
+            "prefix-cache",
+            "a block's prefix-cache hash is its own tokens' and ignores its parent's, so equal blocks after "
+            "different prefixes collide and a prompt is served another prefix's KV",
+            patch=parentless_hash,
+            layouts=("ragged",),
+            inert=one_block_hits,
+        ),
+        Fault(
+            "prefix-evicts-referenced",
+            "padding-validity",
+            "the pool returns a shared block to the free list when any reference drops, not the last, so a live "
+            "request's table lists a block the pool no longer counts it holding, and an allocation takes it back",
+            patch=free_on_any_drop,
+            layouts=("ragged",),
+            inert=shared_by_none,
+        ),
+        Fault(
+            "prefix-uncapped-lookup",
+            "prefix-cache",
+            "the prefix-cache lookup is capped at floor(p / bs) blocks, so a cached prompt of whole blocks hits "
+            "entirely and the runtime recomputes its last token into the last, shared block",
+            patch=uncapped_lookup,
+            layouts=("ragged",),
+            inert=no_whole_prompt,
         ),
         Fault(
             "abort-leaks-blocks",

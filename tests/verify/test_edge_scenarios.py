@@ -22,6 +22,7 @@ from spyre_verify.checks.violations import Checker
 from spyre_verify.cli.check_report import edge_row
 from spyre_verify.cli.main import main
 from spyre_verify.edges import EdgeRules, EdgeRun, ending_breach, fitting_tokens, next_id, protocol_edges
+from spyre_verify.edges.prefix import PREFIX_NAMES
 from spyre_verify.protocol import Settings
 from spyre_verify.session import RunResult, verify
 from spyre_verify.workload import Arrival
@@ -74,6 +75,11 @@ def foreign_edges(*checkers: Checker, capabilities: frozenset[str] | None = None
 def test_the_bundled_runtime_keeps_every_rule_quietly(config: RuntimeConfig) -> None:
     result = check(config)
     assert result.ok and result.violations == [], result.violations
+    # With prefix caching on (the ragged default) its own edges follow: tests/verify/test_prefix_faults.py.
+    cached = [e for e in result.edges if e.name in PREFIX_NAMES]
+    assert [e.name for e in cached] == (list(PREFIX_NAMES) if config.ragged else [])
+    assert all(e.followed is not False for e in cached), cached  # None: the tiny pool cannot stage one
+    result.edges = [e for e in result.edges if e.name not in PREFIX_NAMES]
     assert [e.name for e in result.edges] == NAMES
     kept = {e.name: e.followed for e in result.edges}
     assert kept == {**dict.fromkeys(NAMES, True), "eos": None}, result.edges

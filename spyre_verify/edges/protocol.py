@@ -15,13 +15,13 @@ import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.config import RuntimeConfig
 from spyre_verify.checks.violations import Checker
-from spyre_verify.serve_loop import Feed, aborts_judged_by, judged_by, refusal, serve, serve_judged
+from spyre_verify.serve_loop import Feed, aborts_judged_by, judged_by, refusal, serve
 from spyre_verify.workload import LONG_TOKENS, Abort, Arrival, Item
 
 
@@ -367,20 +367,3 @@ def eos_edge(run: EdgeRun) -> None:
             edge.note = found
             return
         run.ending(edge, a, run.eos)
-
-
-def serve_edges(
-    engine: Any, contract: bool, result: Any, progress: Callable[[str], None] | None, checkers: Sequence[Checker]
-) -> None:
-    """The edge traffic after the workload. With the contract: the edge of admission, each request
-    admitted or refused exactly as DESIGN says, aborts of running requests (which the workload's
-    queue makes rare) and (ragged) a prompt in chunks. On every runtime: the protocol edges, one
-    scenario a refusal and ending rule, recorded in `result.edges`."""
-    config = engine.config
-    for edges in (boundary_arrivals(config), abort_edges(config), chunk_edges(config)) if contract else ():
-        edge = serve_judged(engine, edges, progress, checkers)
-        result.requests, result.rejected = result.requests + edge[0], result.rejected + edge[1]
-    if progress:
-        progress("edges: aborts of an ended, a refused and an unknown id; stop tokens, EOS and max_tokens 1")
-    run = protocol_edges(engine, checkers, into=result.edges)
-    result.requests, result.rejected = result.requests + run.accepted, result.rejected + run.rejected
