@@ -14,23 +14,29 @@ every invariant is checked after every rule. Aim it at your own scheduler::
 or, in pytest, `run_state_machine_as_test(SchedulerMachine.for_factory(MyScheduler), settings=...)`.
 
 Rules: `add` (a request that fits, with or without a stop token id and ignore_eos: it
-must be accepted), `refuse` (one DESIGN refuses at `add_request`: it must be refused
-and change nothing), `step` (one engine step), `stop` (one engine step in which one
-computed row generates the stop token id or the EOS: it ends exactly when DESIGN's stop
-rule says), `abort` (a waiting, running, ended or unknown request: it ends exactly when
-DESIGN says, a refusal changes nothing, and the blocks and promise come back at once).
-Invariants: the pool's blocks and reservations are the running rows' and nobody
-else's; the null block is never allocated; tkv, left padding, blocks, reservations,
-admissions, finishes and aborts equal the model's (`ContractModel.diff`), and so do
-finish reasons; the rows follow DESIGN's geometry; every dispatch is keyed as the
-oracle derives and in the warm set.
+must be accepted; its prompt is salted by its rank, so it shares no block with another),
+`add_shared` (ragged, prefix caching on: a request whose prompt shares the first h blocks of
+an earlier accepted request's prompt, up to all of it, so its admission can hit the cache),
+`refuse` (one DESIGN refuses at `add_request`: it must be refused and change nothing),
+`step` (one engine step), `stop` (one engine step in which one computed row generates the
+stop token id or the EOS: it ends exactly when DESIGN's stop rule says), `abort` (a
+waiting, running, ended or unknown request: it ends exactly when DESIGN says, a refusal
+changes nothing, and the blocks and promise come back at once).
+Invariants: the pool's blocks and reservations are the running rows' and nobody else's (a
+block sits in several rows only while it is registered, and then the pool lists exactly
+those rows as its holders); no block in use is in the free list; the null block is never
+allocated; tkv, left padding, blocks, reservations, admissions, finishes and aborts equal
+the model's (`ContractModel.diff`), and so do finish reasons; the rows follow DESIGN's
+geometry; every dispatch is keyed as the oracle derives and in the warm set.
 
 The layout is drawn with the other config fields. On a ragged config the system under test is
 a `RaggedScheduler` (the stock one, or the factory's subclass) and the model
 `oracle.ragged_model.RaggedModel`: after every rule the running rows, the prefill, the waiting
 queue, the pool, the step's admission, calls (decodes, then the chunk of min(p - c, T - d)
-tokens), token rows and finishes must equal the model's (`hunt.ragged_lockstep`); the pool's
-blocks are the running rows' and the prefilling request's; every call's bucket is the oracle's
+tokens), token rows and finishes must equal the model's (`hunt.ragged_lockstep`), and so must
+each admission's prefix-cache hit (the model is told every prompt's tokens and every token
+handed out, so it finds the hits DESIGN gives); the pool's blocks are the running rows' and the
+prefilling request's; every call's bucket is the oracle's
 key for that call (and the step's calls DESIGN's), and warm. `for_factory` draws the layouts the
 factory can run: both for the stock `Scheduler`, ragged ones for a `RaggedScheduler` subclass,
 padded ones for anything else; a `config_strategy` decides it outright.
@@ -39,7 +45,7 @@ padded ones for anything else; a `config_strategy` decides it outright.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -56,7 +62,7 @@ from runtime.warmup import warm_plan
 from spyre_verify.checks.ragged_calls import call_key, rows_of
 from spyre_verify.hunt.lockstep import abort_leak, abort_slip
 from spyre_verify.hunt.ragged_dispatch import step_keys
-from spyre_verify.hunt.ragged_lockstep import abort_differences, step_differences
+from spyre_verify.hunt.ragged_lockstep import abort_differences, admitted_by, plan_hit, step_differences
 from spyre_verify.hunt.ragged_replay import RaggedPoint
 from spyre_verify.hunt.strategies import (
     EOS,
@@ -68,9 +74,11 @@ from spyre_verify.hunt.strategies import (
     longest_prompt,
     requests,
 )
-from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key
+from spyre_verify.oracle.derive import Ladders, decode_key, ladders, prefill_key, prefix_caching
 from spyre_verify.oracle.model import ContractModel
+from spyre_verify.oracle.ragged_compare import UNSEEN as UNSEEN_HIT
 from spyre_verify.oracle.ragged_model import RaggedModel
+from spyre_verify.oracle.results import prompt
 from spyre_verify.sim import STAND_IN, SchedulerFactory, Sim
 
 # Small configs: short sequences and narrow batches reach joins, shifts, strips, chunked prompts and a
@@ -114,6 +122,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sim = Sim(self.config, make=machine.factory, tokens=self._tokens)
         self.sched, self.pool = self.sim.scheduler, self.sim.pool
         self.ids: list[str] = []  # every request accepted, in order
+        self.salts = 0  # adds so far, refused ones too: each prompt is salted by its rank
+        self.prompts: dict[str, tuple[int, ...]] = {}  # every accepted request's prompt tokens
+        self.values: dict[str, int] = {}  # the token each request got in the last step
         self.ends: dict[str, tuple[bool, bool]] = {}  # request id -> (STOP_TOKEN is its stop id, ignore_eos)
         self.emit: tuple[int, int] | None = None  # the `stop` rule's (row index, token) for the next step
         self.emitted: str | None = None  # the request that got it
@@ -125,6 +136,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.last: tuple[str, str | None, tuple[str, ...]] = ("idle", None, ())  # kind, admitted, finished
         # Ragged: what the last rule did, for `hunt.ragged_lockstep`'s comparison: ("step", ended
         # requests, stopped ids, waiting ids before the step) or ("abort", request id).
+        self.caching = prefix_caching(self.config)
         self.judge: tuple[Any, ...] = ("step", (), set(), set())
 
     def _tokens(self, plan: StepPlan | RaggedPlan) -> list[int]:
@@ -135,16 +147,35 @@ class SchedulerMachine(RuleBasedStateMachine):
             i, token = self.emit
             i %= len(out)
             out[i], self.emitted = token, ids[i]
+        self.values = dict(zip(ids, out, strict=True))
         return out
 
     # -- rules --------------------------------------------------------------------------------
-    def _submit(self, prompt_len: int, max_tokens: int, stop_id: bool = False, ignore_eos: bool = False) -> None:
-        """Add one request to both; the scheduler must accept it exactly when DESIGN does."""
+    def _submit(
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        stop_id: bool = False,
+        ignore_eos: bool = False,
+        shared: tuple[str, int] | None = None,
+    ) -> None:
+        """Add one request to both; the scheduler must accept it exactly when DESIGN does. Its
+        prompt is salted by its rank, or (`shared`: an accepted request and h) starts with the
+        first h blocks of that request's prompt."""
         reason = self.model.reject_reason(prompt_len, max_tokens)
         before = self.sched.snapshot()
-        what = f"add({prompt_len}, {max_tokens}{', stop id' if stop_id else ''}{', ignore_eos' if ignore_eos else ''})"
+        tokens = prompt(prompt_len, self.config.model.vocab_size, self.salts)
+        self.salts += 1
+        hit = ""
+        if shared is not None:
+            ref, h = shared
+            k = h * self.config.block_size
+            tokens = self.prompts[ref][:k] + tokens[k:]
+            hit = f", the first {h} block(s) of {ref}'s prompt"
+        ends = f"{', stop id' if stop_id else ''}{', ignore_eos' if ignore_eos else ''}"
+        what = f"add({prompt_len}, {max_tokens}{ends}{hit})"
         try:
-            rid = self.sched.add([1] * prompt_len, max_tokens, None, (STOP_TOKEN,) if stop_id else (), ignore_eos)
+            rid = self.sched.add(list(tokens), max_tokens, None, (STOP_TOKEN,) if stop_id else (), ignore_eos)
         except RequestError as e:
             note(f"{what} refused: {e}")
             assert reason is not None, f"refused a request DESIGN accepts: {e}"
@@ -152,8 +183,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         note(f"{what} -> {rid}")
         assert reason is None, f"accepted {rid}, but DESIGN refuses it: {reason}"
-        self.model.add(rid, prompt_len, max_tokens)
+        if self.ragged:
+            self.model.add(rid, prompt_len, max_tokens, tokens)
+        else:
+            self.model.add(rid, prompt_len, max_tokens)
         self.ids.append(rid)
+        self.prompts[rid] = tokens
         self.ends[rid] = (stop_id, ignore_eos)
 
     def _fits(self) -> bool:
@@ -163,6 +198,29 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), stop_id=st.booleans(), ignore_eos=st.booleans())
     def add(self, data: st.DataObject, stop_id: bool, ignore_eos: bool) -> None:
         self._submit(*data.draw(requests(self.config), label="request"), stop_id, ignore_eos)
+
+    def _sharable(self) -> list[str]:
+        """With prefix caching on, the accepted requests out of the queue (prefilling, running or
+        ended: their prompt's blocks are computed, or will be before any later admission) whose
+        prompt has a whole block."""
+        if not self.caching:
+            return []
+        bs, waiting = self.config.block_size, {r.request_id for r in self.sched.waiting}
+        return [rid for rid in self.ids if len(self.prompts[rid]) >= bs and rid not in waiting]
+
+    @precondition(lambda self: bool(self._sharable()))
+    @rule(data=st.data())
+    def add_shared(self, data: st.DataObject) -> None:
+        """A request whose prompt shares the first h blocks of an earlier accepted one's (the
+        latest first as it shrinks), then its own tokens: h * bs of its p tokens, up to all of
+        them (DESIGN's cap then leaves the last block to compute)."""
+        refs = self._sharable()
+        ref = refs[-1 - data.draw(st.integers(0, len(refs) - 1), label="shared request, latest first")]
+        bs, L = self.config.block_size, self.config.max_model_len
+        h = data.draw(st.integers(1, len(self.prompts[ref]) // bs), label="shared blocks")
+        p = h * bs + data.draw(st.integers(0, L - 1 - h * bs), label="own prompt tokens")
+        mt = data.draw(st.integers(1, L - p), label="max_tokens")
+        self._submit(p, mt, shared=(ref, h))
 
     @rule(data=st.data())
     def refuse(self, data: st.DataObject) -> None:
@@ -185,6 +243,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _step(self) -> None:
         was_waiting = {r.request_id for r in self.sched.waiting}
+        self.values = {}
         self.plan = plan = self.sim.step()
         rid, stopped, got = self.emitted, set(), ""
         if rid is not None and self.emit is not None:
@@ -193,7 +252,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if (not ignore_eos) if eos else stop_id:
                 stopped.add(rid)
             got = f"; {rid} generated {'the EOS' if eos else 'STOP_TOKEN'}"
-        expected = self.model.step(stopped)
+        expected = self.model.step(stopped, self.values) if self.ragged else self.model.step(stopped)
         done = self.sim.finished if plan is not None else []
         finished = tuple(r.request_id for r in done)
         if plan is None:
@@ -233,15 +292,46 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_belong_to_running_rows(self) -> None:
         # Ragged: the prefilling request holds blocks and a reservation too.
-        holders: tuple[Request, ...] = self.sched.in_flight() if self.ragged else tuple(self.sched.running)
-        rows = [(r.request_id, b) for r in holders for b in r.blocks]
-        assert len({b for _, b in rows}) == len(rows), "a block sits in two rows"
-        assert self.pool.allocated() == dict((b, rid) for rid, b in rows), "allocated blocks != the rows' blocks"
-        running = {r.request_id for r in holders}
-        promised = dict(self.pool.snapshot()[2])
+        live: tuple[Request, ...] = self.sched.in_flight() if self.ragged else tuple(self.sched.running)
+        rows = [(r.request_id, b) for r in live for b in r.blocks]
+        listed: dict[int, list[str]] = {}
+        for rid, b in rows:
+            listed.setdefault(b, []).append(rid)
+        pool = self.pool
+        shared = {b: rids for b, rids in listed.items() if len(rids) > 1 and b not in pool.holders}
+        assert not shared, f"a block sits in two rows, yet is not registered (shared): {shared}"
+        # A private block is its one row's; a registered block in use is held by exactly the rows listing it.
+        private = {b: rids[0] for b, rids in listed.items() if b not in pool.holders}
+        held_by = {b: sorted(rids) for b, rids in listed.items() if b in pool.holders}
+        owners = dict(pool.owners)
+        assert owners == private, f"allocated blocks != the rows' blocks: private {owners}, the rows' {private}"
+        holders = {b: sorted(h) for b, h in pool.holders.items()}
+        assert holders == held_by, f"allocated blocks != the rows' blocks: registered {holders}, the rows' {held_by}"
+        running = {r.request_id for r in live}
+        promised = pool.reservations()
         assert set(promised) <= running, f"reservations held by requests not running: {promised}"
-        held = len(rows) + sum(promised.values())
-        assert self.pool.num_free + held == self.pool.usable, "blocks leaked: free + held + promised != usable"
+        held = len(rows) + sum(promised.values())  # a shared block counts once per holder, as admission does
+        assert pool.num_free + held == pool.usable, "blocks leaked: free + held + promised != usable"
+
+    @invariant()
+    def no_block_in_use_is_free(self) -> None:
+        free = set(cast("tuple[int, ...]", self.pool.snapshot()[0]))  # the free list, head first
+        used = free & ({*self.pool.owners} | {*self.pool.holders})
+        assert not used, f"blocks {sorted(used)} are in the free list while a request holds them"
+
+    @invariant()
+    def cache_hits_match_the_model(self) -> None:
+        """DESIGN "Prefix caching", Admission.: the admitted request finds the leading cached blocks
+        of its prompt, at most floor((p - 1) / bs) of them; the scheduler's hit is the model's."""
+        if not self.ragged or self.judge[0] != "step":
+            return
+        plan = self.plan
+        got = plan_hit(plan, admitted_by(plan, self.judge[3]))
+        want = self.model.last.hit
+        assert got is UNSEEN_HIT or got == want, (
+            f"the scheduler leaves the contract: [('hit', 'prefix-cache hit at admission: scheduler {got}, "
+            f"DESIGN {want}')]"
+        )
 
     @invariant()
     def null_block_never_allocated(self) -> None:

@@ -221,7 +221,9 @@ def text(p: dict[str, Any], findings: list[str]) -> str:
         )
         per = ", ".join(f"{n} {layout}" for layout, n in r["examples_by_layout"].items())
         skipped = "".join(f"; on {k} it skips {v}" for k, v in r.get("skipped_by_layout", {}).items())
-        lines.append(f"  {'':<9} by layout: {per}{skipped}")
+        hits = r.get("examples_with_cache_hits")
+        hit = f"; {hits} with a prefix-cache hit" if hits is not None else ""
+        lines.append(f"  {'':<9} by layout: {per}{hit}{skipped}")
     lines.append(
         f"throughput: {p['examples']} examples in {p['seconds']:.2f} s = {p['throughput']:.0f} examples/s "
         f"({p['cpu_throughput']:.0f} examples per CPU second on one core)"

@@ -90,17 +90,20 @@ def load(report: Path, index: int) -> dict[str, Any]:
     return found[index - 1]
 
 
-_OP = re.compile(r"add\((\d+), (\d+)(?:, ([a-z-]+)@(\d+))?\)|step\((\d+)\)|abort\(#(\d+)\)")
+_OP = re.compile(r"add\((\d+), (\d+)(?:, ([a-z-]+)@(\d+))?(?:, hit (\d+) of #(\d+))?\)|step\((\d+)\)|abort\(#(\d+)\)")
 
 
 def op_of(text: str) -> Op:
-    """The inverse of `str(Op)`: `add(prompt_len, max_tokens)`, `add(p, m, via@k)`, `step(n)`, `abort(#i)`."""
+    """The inverse of `str(Op)`: `add(prompt_len, max_tokens)`, `add(p, m, via@k)`, either with
+    `, hit h of #i` (its prompt shares h blocks of the i-th add's), `step(n)`, `abort(#i)`."""
     m = _OP.fullmatch(text)
     if m is None or (m[3] is not None and m[3] not in VIAS):
         raise ValueError(f"event {text!r} is none of add(p, m), add(p, m, via@k), step(n), abort(#i)")
     if m[1]:
-        return Op("add", int(m[1]), int(m[2]), stop=int(m[4]), via=m[3]) if m[3] else Op("add", int(m[1]), int(m[2]))
-    return Op("step", steps=int(m[5])) if m[5] else Op("abort", ref=int(m[6]))
+        early = {"stop": int(m[4]), "via": m[3]} if m[3] else {}
+        shared = {"share": int(m[5]), "ref": int(m[6])} if m[5] else {}
+        return Op("add", int(m[1]), int(m[2]), **early, **shared)  # type: ignore[arg-type]
+    return Op("step", steps=int(m[7])) if m[7] else Op("abort", ref=int(m[8]))
 
 
 def finding_of(d: dict[str, Any]) -> Finding:

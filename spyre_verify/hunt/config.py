@@ -320,6 +320,7 @@ def check_config(kwargs: dict[str, Any], env: dict[str, str]) -> list[Finding]:
         c.max_num_batched_tokens,
         c.batched_decode_entries,
         c.query_buckets,
+        c.prefix_caching,
     )
     if got != r:
         msg = f"the runtime reads the config as {got}, the oracle as {r}"

@@ -90,14 +90,15 @@ def drawn_case(e: BaseException) -> tuple[dict[str, Any], dict[str, str]] | None
 
 def ops_for(actions: Sequence[Action]) -> tuple[Op, ...]:
     """A walk witness as hunt events: a join is an add and one step, a decode one step, and an
-    abort (of the witness's index-th join, which is its index-th add) is an abort."""
+    abort (of the witness's index-th join, which is its index-th add) is an abort. A join sharing
+    blocks with the index-th join's prompt shares them with the index-th add's."""
     out: list[Op] = []
     for a in actions:
         if a.kind == "abort":
             out.append(Op("abort", ref=a.index))
             continue
         if a.kind == "join":
-            out.append(Op("add", a.prompt_len, a.max_tokens))
+            out.append(Op("add", a.prompt_len, a.max_tokens, ref=a.index if a.shared else 0, share=a.shared))
         if out and out[-1].kind == "step":
             out[-1] = Op("step", steps=out[-1].steps + 1)
         else:
@@ -136,7 +137,8 @@ def op_code(op: Op) -> str:
     if op.kind == "step":
         return f"Op('step', steps={op.steps})"
     early = f", stop={op.stop}, via={op.via!r}" if op.stop else ""
-    return f"Op('add', {op.prompt_len}, {op.max_tokens}{early})"
+    hit = f", ref={op.ref}, share={op.share}" if op.share else ""
+    return f"Op('add', {op.prompt_len}, {op.max_tokens}{early}{hit})"
 
 
 @dataclass(frozen=True)

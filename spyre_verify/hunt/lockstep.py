@@ -12,7 +12,7 @@ request's blocks and promise at once, and an empty engine holds no block and no 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Scheduler
@@ -141,10 +141,12 @@ def stopping(m: ContractModel, stops: dict[str, int]) -> set[str]:
 
 
 def abort_leak(sched: Scheduler, a: AbortPoint) -> str | None:
-    """What an abort that succeeded failed to give back: its blocks, its promise, free count."""
+    """What an abort that succeeded failed to give back: its blocks (a shared block stays with
+    its other holders: only the aborted request's reference must go), its promise, free count."""
     pool = sched.pool
     owned = pool.allocated()
-    kept = [b for b in a.blocks if b in owned]
+    holders = getattr(pool, "holders", {})
+    kept = [b for b in a.blocks if b in owned and (b not in holders or a.request_id in holders[b])]
     if kept:
         return f"its blocks {kept} are still allocated (to {sorted({owned[b] for b in kept})})"
     if n := pool.reserved(a.request_id):
@@ -158,9 +160,9 @@ def abort_leak(sched: Scheduler, a: AbortPoint) -> str | None:
 def empty_pool_leak(sched: Scheduler) -> str | None:
     """With no request waiting or running, every usable block is free and nothing is promised."""
     pool = sched.pool
-    _, owners, promised = pool.snapshot()
-    if owners:
-        return f"blocks are still allocated: {dict(owners)}"
+    _, owners, promised, holders, _ = cast("tuple[Any, ...]", pool.snapshot())
+    if owners or holders:
+        return f"blocks are still allocated: {dict(owners) or dict(holders)}"
     if promised:
         return f"blocks are still promised: {dict(promised)}"
     if pool.num_free != pool.usable:

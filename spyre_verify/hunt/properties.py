@@ -8,7 +8,9 @@
   trace aborts whatever is left: no block may leak, after any abort or at the end.
   A ragged config replays on the ragged scheduler and builder, with the ragged contract
   model in lockstep (`hunt.ragged_lockstep`), and judges every call of every step the
-  same way (`hunt.ragged_dispatch`).
+  same way (`hunt.ragged_dispatch`). Its adds share prompt prefixes now and then
+  (`strategies.draw_share`), so admissions hit the prefix cache; `CACHE_HITS` counts the
+  replays where one did, for the hunt's report.
 - **warmup**: the planned warm set (`runtime.warmup.warm_plan`, the runtime's output)
   equals the reachable set of the oracle's walk (`oracle.ragged_walk` for a ragged
   config), budgeted and memoised per config.
@@ -64,6 +66,17 @@ WALK_BUDGET = 2_000
 REFUTING_WALKS, REFUTE_MAX_LEN = 2, 32
 
 
+@dataclass
+class CacheHits:
+    """Ragged replays in which at least one admission hit the prefix cache (`RaggedState.hits`),
+    as `run_trace` ran them in this process; the hunt's runner reads it around each example."""
+
+    replays: int = 0
+
+
+CACHE_HITS = CacheHits()
+
+
 def guarded(
     prop: str, config: RuntimeConfig, fault: str | None, body: Callable[[], list[Finding]], events: Sequence[Op] = ()
 ) -> list[Finding]:
@@ -91,6 +104,7 @@ def run_trace(
         if w.ragged is not None:
             ragged = RaggedLockstep(w.config)
             state = replay_ragged(w.config, events, w.ragged, ragged)
+            CACHE_HITS.replays += bool(state.hits)
             return ragged.findings(w, state) + ragged_findings(w, state)
         lock = Lockstep(w.config)
         out.append(replay(w.config, list(events), lock, w.builder, drain=True))
@@ -317,6 +331,12 @@ class Property:
     body: Callable[[Any, str | None], list[Finding]]
     layout: Callable[[Any], str] = config_layout  # a case's layout, for the per-layout counts
     skipped: dict[str, str] = field(default_factory=dict)  # layout -> what the property does not judge there
+    # The replays so far whose admissions hit the prefix cache, for a property that replays traces (else None).
+    cache_hits: Callable[[], int] | None = None
+
+
+def replays_with_hits() -> int:
+    return CACHE_HITS.replays
 
 
 PROPERTIES: dict[str, Property] = {
@@ -341,6 +361,7 @@ PROPERTIES: dict[str, Property] = {
             dispatch_cases,
             dispatch_property,
             case_layout,
+            cache_hits=replays_with_hits,
         ),
         Property(
             "config",

@@ -45,8 +45,9 @@ def checkers_for(capabilities: frozenset[str]) -> list[Checker]:
     from spyre_verify.checks.dispatch import DispatchCoverage
     from spyre_verify.checks.output import OutputEquivalence
     from spyre_verify.checks.padding import PaddingValidity
+    from spyre_verify.checks.prefix_cache import PrefixCache
 
-    out: list[Checker] = [DispatchCoverage(), PaddingValidity(), OutputEquivalence()]
+    out: list[Checker] = [DispatchCoverage(), PaddingValidity(), OutputEquivalence(), PrefixCache()]
     for c in out:
         c.skip(capabilities)
     return out

@@ -4,7 +4,8 @@ no block leaks after any abort or at the end.
 
 Each rule is the checkers' own, so a table or key that passes the hunt passes `check`: the key of
 a call from its rows (`checks.ragged_calls.call_key`), the table and write rules
-(`checks.padding_rules.ragged_table_problems`, `checks.ragged_padding.promised_slots`), and the
+(`checks.padding_rules.ragged_table_problems`, `checks.ragged_padding.promised_slots`; a row may
+list the registered blocks it holds, and nobody writes one), and the
 step's calls as a whole (`oracle.derive.ragged_step_keys`: one batched call or one call a row,
 then the chunk). Admissions, chunk sizes and finishes are the ragged contract model's, run in
 lockstep beside this (`hunt.ragged_lockstep`).
@@ -35,14 +36,38 @@ def step_keys(lad: Ladders, p: RaggedPoint) -> tuple[Bucket | None, ...]:
 
 
 def table_problem(
-    call: Call, rows: Mapping[str, tuple[int, ...]], owners: Mapping[int, str], bs: int, pool: int
+    call: Call,
+    rows: Mapping[str, tuple[int, ...]],
+    owners: Mapping[int, str],
+    bs: int,
+    pool: int,
+    holders: Mapping[int, tuple[str, ...]] | None = None,
 ) -> tuple[str, str] | None:
     """The first ragged table rule the call breaks (`checks.padding_rules`, the checkers' own), with
-    `rows` (request -> its blocks in position order, at dispatch) as the blocks its KV lives in."""
+    `rows` (request -> its blocks in position order, at dispatch) as the blocks its KV lives in;
+    `owners` the private blocks and `holders` the registered ones in use (a row may list either)."""
     _, ids, lens, _ = rows_of(call)
     table = _table(call)
-    found = ragged_table_problems(table, ids, lens, table_shape(call.bucket), bs, owners, pool, NULL_BLOCK, rows)
+    shape = table_shape(call.bucket)
+    found = ragged_table_problems(table, ids, lens, shape, bs, owners, pool, NULL_BLOCK, rows, holders or {})
     return found[0] if found else None
+
+
+def shared_writes(call: Call, holders: Mapping[int, tuple[str, ...]], bs: int) -> str | None:
+    """DESIGN "Prefix caching", KV writes: a request writes only its own unshared, unregistered
+    blocks; the first promised write into a registered block in use, in words (padding-validity's
+    `shared-block-write`)."""
+    if not holders:
+        return None
+    _, ids, lens, qlens = rows_of(call)
+    for rid, row, n, q in zip(ids, _table(call), lens, qlens, strict=False):
+        for slot in promised_slots(row, n, q, bs):
+            if (held := holders.get(slot // bs)) is not None:
+                return (
+                    f"{rid} writes slot {slot} in block {slot // bs}, registered and held by {', '.join(held)}: "
+                    "a request writes only its own unshared, unregistered blocks"
+                )
+    return None
 
 
 def _table(call: Call) -> tuple[tuple[int, ...], ...]:
@@ -79,8 +104,10 @@ def ragged_findings(w: World, state: RaggedState) -> list[Finding]:
                 off = (p, c.bucket, f"{describe_runtime_call(c)}, but the oracle's key for that call is {want_key}")
             if cold is None and c.bucket not in w.warm:
                 cold = (p, c.bucket, f"{describe_runtime_call(c)}, which warmup never recorded")
-            if table is None and (why := table_problem(c, rows, p.owners, bs, pool)):
+            if table is None and (why := table_problem(c, rows, p.owners, bs, pool, p.holders)):
                 table_kind, table = why[0], (p, c.bucket, f"{describe_runtime_call(c)}: {why[1]}")
+            if table is None and (shared := shared_writes(c, p.holders, bs)):
+                table_kind, table = "shared-block-write", (p, c.bucket, f"{describe_runtime_call(c)}, where {shared}")
             if table is None and (moved := misplaced_writes(c, bs)):
                 table_kind, table = "misplaced-write", (p, c.bucket, f"{describe_runtime_call(c)}, which {moved}")
         got = tuple(c.bucket for c in p.calls)

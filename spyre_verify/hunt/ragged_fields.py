@@ -16,8 +16,9 @@ def draw_ragged_fields(
     """The ragged layout's fields, each shrinking toward its default (DESIGN "The ragged layout",
     Config and Ladders): the token budget T from max_num_seqs (the least it accepts) up to a little
     above max_model_len, so small budgets split prompts into many chunks; the batched kernel's
-    entry target E at 1..4, so chunked tables have several chunks; and now and then a query ladder
-    override (the rungs above 1, increasing, the last one T; none with T = 1)."""
+    entry target E at 1..4, so chunked tables have several chunks; now and then a query ladder
+    override (the rungs above 1, increasing, the last one T; none with T = 1); and, read last, prefix
+    caching (DESIGN "Prefix caching": on by default) off in one config of four."""
     ch = choices(draw)
     L, S = max_model_len, max_num_seqs
     kwargs["layout"] = "ragged"
@@ -31,3 +32,5 @@ def draw_ragged_fields(
         while len(rungs) < 4 and (r := ch.between(0, T - 1)) > 1:
             rungs.add(r)
         env[ENV_QUERY_BUCKETS] = ",".join(map(str, [*sorted(rungs), T]))
+    if ch.between(0, 3) == 3:
+        kwargs["enable_prefix_caching"] = False

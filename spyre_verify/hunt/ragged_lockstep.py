@@ -3,9 +3,11 @@ the first step or abort where the `RaggedScheduler` and DESIGN "The ragged layou
 differ, as `hunt.lockstep` does for the padded layout.
 
 After every step the model is held to the scheduler's public state (`row_states()`,
-`prefill_state()`, the waiting ids, the pool's free count), the step's admission, kind and
-finishes, its kernel calls (request, query tokens, seq_len, in dispatch order) and the requests
-that got a token; a difference names the model's rule ("admission", "budget", "decode", ...).
+`prefill_state()`, the waiting ids, the pool's free count), the step's admission, its prefix-cache
+hit (`RaggedPlan.hit`), kind and finishes, its kernel calls (request, query tokens, seq_len, in
+dispatch order) and the requests that got a token; a difference names the model's rule
+("admission", "hit", "budget", "decode", ...). The model is told each add's prompt tokens and each
+step's token values, so it finds the hits DESIGN "Prefix caching" gives them.
 After every abort, the refusal (DESIGN ends exactly the live requests) and the same state.
 `step_differences` and `abort_differences` are the comparison alone, which the public state
 machine (`spyre_verify.stateful`) shares. Findings use the padded lockstep's kinds
@@ -15,7 +17,7 @@ machine (`spyre_verify.stateful`) shares. Findings use the padded lockstep's kin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from runtime.config import RuntimeConfig
@@ -26,6 +28,7 @@ from spyre_verify.checks.ragged_calls import rows_of
 from spyre_verify.hunt.findings import Finding
 from spyre_verify.hunt.lockstep import abort_leak, abort_slip, abort_where
 from spyre_verify.hunt.replay import AbortPoint, Op
+from spyre_verify.oracle.ragged_compare import UNSEEN
 from spyre_verify.oracle.ragged_model import RaggedModel
 
 if TYPE_CHECKING:
@@ -66,6 +69,18 @@ def admitted_by(plan: RaggedPlan | None, was_waiting: Collection[str]) -> str | 
     return plan.admission.request.request_id if plan.admission is not None else None
 
 
+def plan_hit(plan: RaggedPlan | None, admitted: str | None) -> object:
+    """The step's prefix-cache hit as the judge reads it: (the admitted request, blocks found), None
+    for no hit (or an idle step), `UNSEEN` for a plan that does not say (a subclass's plan type
+    without `hit`)."""
+    if plan is None:
+        return None
+    found = getattr(plan, "hit", UNSEEN)
+    if found is UNSEEN:
+        return UNSEEN
+    return (admitted, len(found)) if found else None  # type: ignore[arg-type]
+
+
 def step_differences(
     m: RaggedModel,
     sched: RaggedScheduler,
@@ -76,7 +91,7 @@ def step_differences(
 ) -> list[Diff]:
     """How the scheduler, after running `plan` (None: it idled) and ending `ended`, differs from
     the model after `m.step(stopped)`; then each ending's reason (a stop token, else length).
-    `was_waiting`: the scheduler's waiting ids before the step."""
+    `was_waiting`: the scheduler's waiting ids before the step. The plan's cache hit is judged too."""
     kind = plan.kind if plan is not None else "idle"
     admitted = admitted_by(plan, was_waiting)
     diffs = m.diff(
@@ -90,6 +105,7 @@ def step_differences(
         prefill=sched.prefill_state(),
         calls=call_rows(plan.calls) if plan is not None else [],
         tokens=plan.token_rows if plan is not None else (),
+        hit=plan_hit(plan, admitted),
     )
     for r in ended if not diffs else ():
         want = "stop" if r.request_id in stopped else "length"
@@ -123,11 +139,11 @@ class RaggedLockstep:
         self.halted = False  # a leak the replay reports itself: nothing after it is compared
         self.queued: set[str] = set()  # the scheduler's waiting ids as of the last event
 
-    def on_add(self, request_id: str | None, op: Op) -> None:
+    def on_add(self, request_id: str | None, op: Op, prompt: tuple[int, ...]) -> None:
         # The add gate (refused exactly when DESIGN refuses) is the replay's own finding.
         if request_id is not None:
             self.queued.add(request_id)
-            self.model.add(request_id, op.prompt_len, op.max_tokens)
+            self.model.add(request_id, op.prompt_len, op.max_tokens, prompt)
             if op.stop and op.via != "ignored-eos":
                 self.stops[request_id] = op.stop
 
@@ -138,12 +154,13 @@ class RaggedLockstep:
         ended: Sequence[Request],
         point: RaggedPoint | None,
         n: int,
+        tokens: Mapping[str, int],
     ) -> None:
-        """Step `n` ran `plan` (None: the scheduler idled) and ended `ended`."""
+        """Step `n` ran `plan` (None: the scheduler idled), handed out `tokens` and ended `ended`."""
         if self.first is not None or self.halted:
             return
         stopped = stopping(self.model, self.stops) if self.stops else set()
-        self.model.step(stopped)
+        self.model.step(stopped, tokens)
         was, self.queued = self.queued, {r.request_id for r in sched.waiting}
         if diffs := step_differences(self.model, sched, plan, ended, stopped, was):
             rule, message = diffs[0]

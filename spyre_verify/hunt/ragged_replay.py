@@ -1,6 +1,8 @@
 """Replaying a hunt trace on a ragged config: the runtime's own `RaggedScheduler` and
 `RaggedBuilder` (through `spyre_verify.sim.Sim`, no tensors), with every kernel call of every
-step recorded (`RaggedPoint`) beside the pool's owners at dispatch, and every abort.
+step recorded (`RaggedPoint`) beside the pool's owners and shared blocks at dispatch, every
+prefix-cache hit, and every abort. Each add's prompt is `hunt.replay.add_prompt`'s: salted apart,
+except the blocks an add's `share` takes from an earlier add's prompt.
 
 The padded replay (`hunt.replay.replay`) reads a padded plan (one dispatch a step, a tkv); a
 ragged step is several calls, decodes then a prefill chunk, so it has its own record. The
@@ -20,7 +22,7 @@ from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import Request
 from spyre_verify.checks.ragged_calls import describe_runtime_call
 from spyre_verify.hunt.lockstep import abort_leak, abort_where, empty_pool_leak, gate_slip
-from spyre_verify.hunt.replay import AbortPoint, Op, abort_once
+from spyre_verify.hunt.replay import AbortPoint, Op, abort_once, add_prompt
 from spyre_verify.oracle.ragged_model import add_refusal
 from spyre_verify.sim import STAND_IN, Sim
 
@@ -33,7 +35,8 @@ class RaggedPoint:
     kind: str  # "decode", "prefill" or "mixed"
     calls: tuple[Call, ...]
     rows: tuple[RaggedSeq, ...]  # the decoding rows, then the chunk (if any), as the scheduler handed them over
-    owners: Mapping[int, str]  # block -> owner for every allocated block, as at dispatch
+    owners: Mapping[int, str]  # block -> owner for every private allocated block, as at dispatch
+    holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # registered blocks in use -> every holder
 
     def describe(self) -> dict[str, Any]:
         rows = [
@@ -58,6 +61,7 @@ class RaggedState:
     aborts: list[AbortPoint] = field(default_factory=list)
     leak: str | None = None  # the first block leak, after an abort or at the end
     gate: tuple[str, str] | None = None  # (kind, message): the first add refused or taken against DESIGN
+    hits: list[tuple[int, str | None, int]] = field(default_factory=list)  # (step, request, blocks) of each cache hit
 
 
 class _Tokens:
@@ -79,8 +83,8 @@ class _Tokens:
 class RaggedWatch(Protocol):
     """Follows a ragged replay (`hunt.ragged_lockstep.RaggedLockstep` runs the contract model so)."""
 
-    def on_add(self, request_id: str | None, op: Op) -> None:
-        """A request was queued (`request_id`) or refused (None)."""
+    def on_add(self, request_id: str | None, op: Op, prompt: tuple[int, ...]) -> None:
+        """A request with the tokens `prompt` was queued (`request_id`) or refused (None)."""
 
     def on_step(
         self,
@@ -89,8 +93,10 @@ class RaggedWatch(Protocol):
         ended: Sequence[Request],
         point: RaggedPoint | None,
         n: int,
+        tokens: Mapping[str, int],
     ) -> None:
-        """Step `n` ran `plan` and ended `ended`, or the scheduler had nothing to do (None)."""
+        """Step `n` ran `plan` and ended `ended`, or the scheduler had nothing to do (None);
+        `tokens`: the token each request got (`plan.token_rows`), none when idle."""
 
     def on_abort(self, sched: RaggedScheduler, point: AbortPoint) -> None:
         """An abort ran, or was refused (`point.error`)."""
@@ -106,10 +112,12 @@ def replay_ragged(
     sched: RaggedScheduler = sim.scheduler
     out = RaggedState(config, tuple(events))
     ids: list[str | None] = []
+    prompts: list[tuple[int, ...]] = []  # every add's, refused ones too: a share names an add by rank
     for op in events:
         if op.kind == "add":
+            prompts.append(add_prompt(op, prompts, config))
             try:
-                rid: str | None = sched.add([0] * op.prompt_len, op.max_tokens, None, *_stop_args(op))
+                rid: str | None = sched.add(list(prompts[-1]), op.max_tokens, None, *_stop_args(op))
             except RequestError:
                 rid = None
             ids.append(rid)
@@ -118,7 +126,7 @@ def replay_ragged(
             if out.gate is None:
                 out.gate = gate_slip(rid, op, add_refusal(config.max_model_len, op.prompt_len, op.max_tokens))
             if watch is not None:
-                watch.on_add(rid, op)
+                watch.on_add(rid, op, prompts[-1])
         elif op.kind == "abort":
             known = ids[op.ref] if op.ref < len(ids) else None
             _abort(sched, known if known is not None else f"never-added-{op.ref}", op.ref, out, watch)
@@ -127,20 +135,31 @@ def replay_ragged(
                 plan = sched.schedule()
                 if plan is None:
                     if watch is not None:
-                        watch.on_step(sched, None, (), None, len(out.points))
+                        watch.on_step(sched, None, (), None, len(out.points), {})
                     break
-                owners = sched.pool.allocated()  # a copy at dispatch: postprocess frees what finishes
+                pool = sched.pool  # copies at dispatch: postprocess frees what finishes
+                owners, holders = dict(pool.owners), {b: tuple(h) for b, h in pool.holders.items()}
                 rows = (*plan.decodes, *((plan.chunk,) if plan.chunk is not None else ()))
-                point = RaggedPoint(len(out.points), plan.kind, plan.calls, rows, owners)
+                point = RaggedPoint(len(out.points), plan.kind, plan.calls, rows, owners, holders)
                 out.points.append(point)
-                ended = sched.postprocess(tokens(plan))
+                if hit := getattr(plan, "hit", ()):
+                    out.hits.append((point.index, admitted_id(plan), len(hit)))
+                toks = tokens(plan)
+                ended = sched.postprocess(toks)
                 if watch is not None:
-                    watch.on_step(sched, plan, ended, point, point.index)
+                    watch.on_step(sched, plan, ended, point, point.index, dict(zip(plan.token_rows, toks, strict=True)))
     for rid in [r.request_id for r in (*sched.waiting, *sched.in_flight())]:
         _abort(sched, rid, -1, out, watch)
     if out.leak is None and (leak := empty_pool_leak(sched)):  # type: ignore[arg-type]
         out.leak = f"every request has ended, yet {leak}"
     return out
+
+
+def admitted_id(plan: RaggedPlan) -> str | None:
+    """The request a plan admitted: its admission's, else (a plan that does not own up to one) its chunk's."""
+    if plan.admission is not None:
+        return plan.admission.request.request_id
+    return plan.chunk.request_id if plan.chunk is not None else None
 
 
 def _stop_args(op: Op) -> tuple[tuple[int, ...], bool]:

@@ -21,6 +21,7 @@ from runtime.errors import RequestError
 from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, SeqState
 from runtime.ragged_scheduler import RaggedScheduler
 from runtime.scheduler import Scheduler, StepPlan
+from spyre_verify.oracle.results import prompt
 from spyre_verify.sim import STAND_IN, Sim, stand_ins
 
 # How an add's early stop is realised (`Op.via`): its `stop`-th stand-in token is STOP_TOKEN,
@@ -34,7 +35,9 @@ VIAS = ("stop", "eos", "ignored-eos")
 @dataclass(frozen=True)
 class Op:
     """One event: `add` a request, run `steps` engine steps (prefill one joiner, else decode),
-    or `abort` the request of the trace's `ref`-th add (from 0) between steps."""
+    or `abort` the request of the trace's `ref`-th add (from 0) between steps. An add with
+    `share` = h >= 1 has a prompt whose first h blocks are those of the `ref`-th add's prompt, so
+    it can hit them under prefix caching (`add_prompt` builds the tokens)."""
 
     kind: str  # "add", "step" or "abort"
     prompt_len: int = 0
@@ -42,12 +45,14 @@ class Op:
     steps: int = 1
     stop: int = 0  # add: its `stop`-th generated token is a stop token, as `via` says (0: none)
     via: str = "stop"  # add: one of VIAS
-    ref: int = 0  # abort: which add, counting adds from 0 (refused ones too)
+    ref: int = 0  # abort, or an add with `share`: which add, counting adds from 0 (refused ones too)
+    share: int = 0  # add: leading prompt blocks shared with the ref-th add's prompt
 
     def __str__(self) -> str:
         if self.kind == "add":
             early = f", {self.via}@{self.stop}" if self.stop else ""
-            return f"add({self.prompt_len}, {self.max_tokens}{early})"
+            hit = f", hit {self.share} of #{self.ref}" if self.share else ""
+            return f"add({self.prompt_len}, {self.max_tokens}{early}{hit})"
         return f"abort(#{self.ref})" if self.kind == "abort" else f"step({self.steps})"
 
     def request_kwargs(self) -> dict[str, Any]:
@@ -60,6 +65,19 @@ class Op:
     def stop_token(self) -> int:
         """The stand-in an add generates as its `stop`-th token."""
         return STOP_TOKEN if self.via == "stop" else EOS
+
+
+def add_prompt(op: Op, earlier: list[tuple[int, ...]], config: RuntimeConfig) -> tuple[int, ...]:
+    """The prompt of the next add after `earlier` adds' prompts (refused ones included): salted by
+    its rank, as `traffic.arrivals` salts a witness's, so no two adds share a block unless `share`
+    says so; then its first `share` blocks are the `ref`-th add's. A prompt may share all of itself
+    (share * block_size == prompt_len): DESIGN's cap then leaves its last block to compute."""
+    own = prompt(op.prompt_len, config.model.vocab_size, len(earlier))
+    if not op.share:
+        return own
+    k = op.share * config.block_size
+    assert op.ref < len(earlier) and k <= min(len(earlier[op.ref]), op.prompt_len), f"{op}: no such prefix"
+    return earlier[op.ref][:k] + own[k:]
 
 
 # -- replay -----------------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ class PropertyRun:
     findings: list[dict[str, Any]] = field(default_factory=list)
     # Examples per layout ("padded", "ragged"), both always present: a hunt that never drew one is plain.
     by_layout: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
+    # Examples whose replay had at least one prefix-cache hit; None for a property that replays no trace.
+    cache_hits: int | None = None
 
     @property
     def throughput(self) -> float:
@@ -75,6 +77,7 @@ class PropertyRun:
             "findings": len(self.findings),
             "examples_by_layout": dict(self.by_layout),
             "skipped_by_layout": PROPERTIES[self.name].skipped if self.name in PROPERTIES else {},
+            "examples_with_cache_hits": self.cache_hits,
         }
 
 
@@ -149,6 +152,9 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
     # The protocol property hunts one runtime built on one config: every case is that config's layout.
     fixed = getattr(plan.config, "layout", "padded")
     layout_of = prop.layout if isinstance(prop, Property) else (lambda example: fixed)
+    hits = prop.cache_hits if isinstance(prop, Property) else None
+    if hits is not None:
+        run.cache_hits = 0
 
     def case(example: Any) -> None:
         nonlocal last
@@ -159,7 +165,10 @@ def _run_property(prop: Property | ProtocolHunt, run: PropertyRun, plan: HuntPla
             say(f"{who}{name}: {run.examples} examples, {run.examples / (now - start):.0f}/s")
         layout = layout_of(example)
         run.by_layout[layout] = run.by_layout.get(layout, 0) + 1
+        before = hits() if hits is not None else 0
         found = prop.body(example, plan.fault)
+        if hits is not None and hits() > before:
+            run.cache_hits = (run.cache_hits or 0) + 1
         if found:
             raise error_for(found[0])
 
@@ -245,5 +254,7 @@ def merge(per_worker: list[list[PropertyRun]]) -> list[PropertyRun]:
             m.cpu_seconds += r.cpu_seconds
             for layout, n in r.by_layout.items():
                 m.by_layout[layout] = m.by_layout.get(layout, 0) + n
+            if r.cache_hits is not None:
+                m.cache_hits = (m.cache_hits or 0) + r.cache_hits
             m.findings += [f for f in r.findings if f not in m.findings]
     return list(out.values())

@@ -25,9 +25,11 @@ one block either side), and the volumetric limit runs from binding to never bind
 Every batch state is reached from an empty engine by driving the real `Scheduler` and
 `BlockPool` through add/step/abort events, without tensors; requests are often short so
 that up to `max_num_seqs` run at once, some stop early on a stop token or the EOS (the
-stand-in tokens say when), and some are aborted. Every workload request fits
-`max_model_len`. Everything shrinks toward small configs and short traces with no
-early endings.
+stand-in tokens say when), and some are aborted. On a ragged config with prefix caching on
+(off in one of four drawn), an add whose prompt has a whole block shares the first blocks of an
+earlier add's prompt half the time (`Op.share`, read after the trace), so admissions hit the
+cache. Every workload request fits `max_model_len`. Everything shrinks toward small configs
+and short traces with no early endings and no shared prefixes.
 `spyre_verify.hunt.config.raw_configs` draws possibly invalid config input instead.
 
 Each `draw_*` function takes Hypothesis's draw function, or any `hunt.tape.Choices`: the
@@ -37,7 +39,9 @@ draws and shrinks as one choice. Replaying a trace (`Op`, `replay`) lives in `hu
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +62,7 @@ from spyre_verify.hunt.replay import step_once as step_once
 from spyre_verify.hunt.tape import BOOLS as BOOLS
 from spyre_verify.hunt.tape import Choices, Draw, choices
 from spyre_verify.hunt.tape import ints as ints
-from spyre_verify.oracle.derive import batch_tkv_limit
+from spyre_verify.oracle.derive import batch_tkv_limit, prefix_caching
 from spyre_verify.workload import Arrival
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -236,6 +240,7 @@ def draw_ops(draw: Draw, config: RuntimeConfig, max_size: int = 24) -> list[Op]:
     while trace.size < max_size and (first or ch.between(0, 3)):
         _round(ch, config, can_add, first, trace, max_size, ch.keep())
         first = False
+    draw_shares(ch, config, trace)
     return trace.events
 
 
@@ -249,14 +254,17 @@ class _Trace:
     size: int = 0  # events drawn: what the cap counts
     adds: list[int | None] = field(default_factory=list)  # each drawn add: its number among the kept, or None
     kept_adds: int = 0
+    prompts: list[tuple[int | None, int]] = field(default_factory=list)  # each drawn fitting add: (adds entry, p)
 
     def push(self, op: Op, kept: bool) -> None:
         self.size += 1
         if kept:
             self.events.append(op)
 
-    def add(self, op: Op, kept: bool) -> None:
+    def add(self, op: Op, kept: bool, fits: bool = False) -> None:
         self.adds.append(self.kept_adds if kept else None)
+        if fits:
+            self.prompts.append((self.adds[-1], op.prompt_len))
         self.kept_adds += kept
         self.push(op, kept)
 
@@ -271,7 +279,7 @@ def _round(
         short, early = kind % 2 == 0, kind >= 4
         for _ in range(min(burst, max_size - t.size - 1)):
             keep = ch.keep()
-            t.add(draw_add(ch, config, short, early), kept and keep)
+            t.add(draw_add(ch, config, short, early), kept and keep, fits=True)
         if ch.between(0, 3) == 3 and t.size < max_size - 1:  # a refused add in 1 round of 4
             keep = ch.keep()
             t.add(Op("add", *draw_refused(ch, config)), kept and keep)
@@ -297,6 +305,41 @@ def draw_add(draw: Draw, config: RuntimeConfig, short: bool | None = None, early
     if how < 0:
         return Op("add", p, mt)
     return Op("add", p, mt, stop=how // len(VIAS) + 1, via=VIAS[how % len(VIAS)])
+
+
+def draw_shares(draw: Draw, config: RuntimeConfig, t: _Trace) -> None:
+    """With prefix caching on, after the whole trace: for each add of a request that fits, in
+    order, whether (half the time) its prompt shares the first h blocks of an earlier such
+    add's prompt, and whose (`draw_share`). Read after the trace, so a trace reads the same with
+    caching on or off, and zeroing a share's byte removes just that share. Each drawn add reads,
+    dropped ones too; a share of or by a dropped add is dropped with it."""
+    if not prefix_caching(config):
+        return
+    at = [i for i, o in enumerate(t.events) if o.kind == "add"]  # a kept add's number -> its event
+    for j, (kept, p) in enumerate(t.prompts):
+        ref, share = draw_share(draw, config, p, t.prompts[:j])
+        if share and kept is not None:
+            i = at[kept]
+            t.events[i] = dataclasses.replace(t.events[i], ref=ref, share=share)
+
+
+def draw_share(
+    draw: Draw, config: RuntimeConfig, prompt_len: int, earlier: Sequence[tuple[int | None, int]]
+) -> tuple[int, int]:
+    """(ref, share) of an add of `prompt_len` tokens after the `earlier` adds of fitting requests,
+    each (its number among the trace's adds, None when dropped; its prompt length): half the
+    time the first h blocks of an earlier add's prompt that has a whole block (shrinking toward
+    the latest), h from 1 to as many whole blocks as both prompts have, so a whole prompt can be
+    shared too (DESIGN's cap then leaves its last block to compute); else (0, 0). One draw, read
+    whether or not a share can be had, says whether (shrinking heads to none); then whose, counting
+    back from the latest, and how many blocks."""
+    bs, ch = config.block_size, choices(draw)
+    refs = [(ref, n) for ref, n in earlier if n >= bs] if prompt_len >= bs else []
+    if not ch.flag() or not refs:
+        return 0, 0
+    ref, n = refs[-1 - ch.between(0, len(refs) - 1)]
+    h = ch.between(1, min(prompt_len, n) // bs)
+    return (ref, h) if ref is not None else (0, 0)
 
 
 def draw_refused(draw: Draw, config: RuntimeConfig) -> tuple[int, int]:

@@ -78,7 +78,7 @@ def test_the_foreign_runtime_is_quiet(capsys: pytest.CaptureFixture[str], tmp_pa
     assert p["hunt"]["runtime"] == {
         "name": "foreign",
         "factory": FOREIGN,
-        "observes": ["dispatch-coverage", "padding-validity", "output-equivalence"],
+        "observes": ["dispatch-coverage", "padding-validity", "output-equivalence", "prefix-cache"],
         "not_run": {},
     }
     assert (tmp_path / "out" / "hunt-foreign.json").is_file()
@@ -139,8 +139,8 @@ def test_a_padding_leak_is_a_token_mismatch_against_the_runtimes_reference(
 
 
 def test_a_checker_whose_capability_is_missing_is_not_run() -> None:
-    dispatch, padding, output = checkers_for(frozenset({"reference"}))
-    assert dispatch.not_run is None and padding.not_run == "the runtime does not offer paging"
+    dispatch, padding, output, prefix = checkers_for(frozenset({"reference"}))
+    assert dispatch.not_run is None and padding.not_run == prefix.not_run == "the runtime does not offer paging"
     assert output.not_run is None
     assert checkers_for(frozenset({"paging"}))[2].not_run == "the runtime does not offer reference"
 

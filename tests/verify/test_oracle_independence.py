@@ -374,6 +374,8 @@ ALLOWED: dict[str, str] = {
     "hunt/properties.py: _build: builder.build_prefill()": "the hunt replays a trace through the runtime's own "
     "builder: its bucket and table are the actual side, judged against derive",
     "hunt/properties.py: _build: builder.build_decode()": "as above: the runtime's builder is the actual side",
+    "hunt/config.py: check_config: c.prefix_caching": "the runtime's reading of an accepted config is the actual "
+    "side, held to the oracle's (`accept.reading`)",
     "hunt/world.py: world: SpyreAttnBucketer": "the runtime's own bucketer: the system under test the hunt drives",
     "hunt/world.py: world: warm_plan()": "the runtime's warm set is the actual side: a dispatch outside it is the "
     "stall the hunt looks for; the expected key comes from derive",
@@ -442,6 +444,11 @@ ALLOWED: dict[str, str] = {
     "cli/ladders.py: run: b.pruned()": PRINTS,
     "cli/ladders.py: run: c.token_budget": PRINTS,
     "cli/ladders.py: run: c.decode_entries": PRINTS,
+    "cli/ladders.py: ladders_payload: c.prefix_caching": PRINTS,
+    "cli/ladders.py: exactness: b.config.prefix_caching": "which oracle sets to list: the keys only a hit reaches "
+    "are the oracle's, with caching on against off",
+    "bench/layouts.py: pruning_figure: SpyreAttnBucketer(c.with_(enable_prefix_caching=False)).warm_set()": "figure "
+    "7c also measures the runtime's exact warm set with caching off, shown in its details",
     "cli/ladders.py: run: c.batch_tkv_limit": PRINTS,
     "cli/ladders.py: run: c.total_blocks": PRINTS,
     "cli/ladders.py: run: c.usable_blocks": PRINTS,
@@ -475,6 +482,10 @@ ALLOWED: dict[str, str] = {
     "faults/configs.py: unpruned: SpyreAttnBucketer": "a seeded fault warms the runtime's pruned buckets",
     "faults/configs.py: unpruned: SpyreAttnBucketer(c).pruned()": "a seeded fault warms the runtime's pruned buckets",
     "faults/configs.py: binding_limit: c.batch_tkv_limit": "a seeded fault picks a config whose limit binds",
+    "sendnn/boot.py: vllm_config: sizes.prefix_caching": "the adapter's own choice of vLLM setting, passed to the "
+    "engine it boots: an input it sets, not an answer it reads",
+    "sendnn/runtime.py: SendnnRuntime.__init__: sizes.prefix_caching": "as above: the declared config carries the "
+    "adapter's own setting",
 }
 
 
