@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from runtime.config import BACKENDS, ENV_BACKEND, ENV_LAYOUT, LAYOUTS, MAX_DIGITS, RuntimeConfig, parse_layout
-from runtime.env import ENV_BATCH_TKV, ENV_BATCHED_TOKENS, parse_backend, parse_count
+from runtime.env import ENV_BATCH_TKV, ENV_BATCHED_TOKENS, ENV_PREFIX_CACHING, parse_backend, parse_count, parse_flag
 from runtime.errors import ConfigError
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_TKV_LIMIT
 
@@ -44,6 +44,7 @@ ENV_OF_FLAG: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "backend": (ENV_BACKEND, parse_backend),
     "max_num_batched_tokens": (ENV_BATCHED_TOKENS, parse_count),
     "max_batch_tkv_limit": (ENV_BATCH_TKV, parse_count),
+    "enable_prefix_caching": (ENV_PREFIX_CACHING, parse_flag),
 }
 GIVEN = "given_flags"  # the namespace's set of the flag dests given on the command line
 
@@ -59,11 +60,20 @@ class _Given(argparse.Action):
         setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
 
 
+class _GivenFlag(_Given):
+    """`--prefix-caching` / `--no-prefix-caching`: True or False by the flag's name, noted as given."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        super().__call__(parser, namespace, not str(option).startswith("--no-"), option)
+
+
 def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> None:
     """The size flags (defaults as the module says) and `--backend` (default `backend`, else the runtime's)."""
     g = p.add_argument_group(
         "runtime config (env overrides: SPYRE_ATTN_KV_BUCKETS, SPYRE_BATCHED_DECODE, SPYRE_DYNAMO_BACKEND, "
-        "SPYRE_MAX_BATCH_TKV_LIMIT, SPYRE_LAYOUT, SPYRE_MAX_NUM_BATCHED_TOKENS, SPYRE_ATTN_QUERY_BUCKETS)"
+        "SPYRE_MAX_BATCH_TKV_LIMIT, SPYRE_LAYOUT, SPYRE_MAX_NUM_BATCHED_TOKENS, SPYRE_ATTN_QUERY_BUCKETS, SPYRE_PREFIX_CACHING)"
     )
     g.add_argument(
         "--layout",
@@ -83,6 +93,17 @@ def add_config_flags(p: argparse.ArgumentParser, backend: str | None = None) -> 
         "--batched-decode-entries",
         help="ragged layout: the batched decode kernel's target of block-table entries per chunk (default: 32)",
     )
+    g.add_argument(
+        "--prefix-caching",
+        dest="enable_prefix_caching",
+        action=_GivenFlag,
+        nargs=0,
+        default=None,
+        help=f"ragged layout: requests share cached prompt blocks (DESIGN 'Prefix caching'); --no-prefix-caching "
+        f"turns it off; {ENV_PREFIX_CACHING}=0/1 sets it too, and a flag it contradicts is refused (default: on "
+        "under ragged; refused under padded)",
+    )
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action=_GivenFlag, nargs=0, default=None)
     d = CHECK_DEFAULTS
     g.add_argument("--block-size", help=f"tokens per KV block, a power of two (default: {d['block_size']})")
     g.add_argument(
@@ -172,6 +193,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
         kwargs.setdefault("max_batch_tkv_limit", CHECK_TKV_LIMIT)
     if getattr(args, "backend", None) is not None:
         kwargs["backend"] = args.backend
+    if getattr(args, "enable_prefix_caching", None) is not None:
+        kwargs["enable_prefix_caching"] = args.enable_prefix_caching
     for dest in getattr(args, GIVEN, ()):
         if dest in ENV_OF_FLAG and dest in kwargs:
             _agrees(dest, kwargs[dest], env)
@@ -185,12 +208,24 @@ def _agrees(dest: str, value: object, env: Mapping[str, str]) -> None:
     text = env.get(name, "")
     if text == "":  # the empty string is unset, as in the runtime
         return
-    if parse(text, name) != value:  # a malformed value is refused by the parser, naming the variable
+    wanted = parse(text, name)  # a malformed value is refused by the parser, naming the variable
+    if wanted != value:
+        if isinstance(value, bool):  # an on/off flag: --prefix-caching or --no-prefix-caching
+            flag, fix = (_switch(dest, v) for v in (value, wanted))
+            raise ConfigError(
+                f"{flag} and {name}={text!r} disagree: the variable overrides the flag; unset {name} or give {fix}"
+            )
         flag = f"--{dest.replace('_', '-')}"
         raise ConfigError(
             f"{flag}={value} and {name}={text!r} disagree: the variable overrides the flag; "
             f"unset {name} or give {flag}={text.strip()}"
         )
+
+
+def _switch(dest: str, on: object) -> str:
+    """An on/off flag as it is written: `--prefix-caching` or `--no-prefix-caching`."""
+    name = dest.removeprefix("enable_").replace("_", "-")
+    return f"--{name}" if on else f"--no-{name}"
 
 
 def runtime_sizes(spec: str | None, env: Mapping[str, str]) -> dict[str, int] | None:

@@ -8,7 +8,9 @@ import json
 import time
 
 from runtime.bucketer import SpyreAttnBucketer
+from runtime.config import RuntimeConfig
 from spyre_verify.cli.config import add_config_flags, config_from_args
+from spyre_verify.oracle.results import Reachable
 from spyre_verify.oracle.walk import reachable
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, resolve_name, settings_for
 
@@ -33,7 +35,11 @@ def ladders_payload(b: SpyreAttnBucketer) -> dict[str, object]:
         "num_blocks": c.total_blocks,
         "usable_blocks": c.usable_blocks,
         **(
-            {"max_num_batched_tokens": c.token_budget, "batched_decode_entries": c.decode_entries}
+            {
+                "max_num_batched_tokens": c.token_budget,
+                "batched_decode_entries": c.decode_entries,
+                "prefix_caching": c.prefix_caching,
+            }
             if c.ragged
             else {"max_batch_tkv_limit": c.batch_tkv_limit}
         ),
@@ -52,15 +58,27 @@ def exactness(b: SpyreAttnBucketer) -> dict[str, object]:
     t0 = time.perf_counter()
     reach = reachable(b.config)
     warm = b.warm_set()
-    return {
+    out: dict[str, object] = {
         "method": reach.method,
         "exact": warm == reach.buckets,
         "reachable": len(reach.buckets),
         "warm": len(warm),
         "missing": [str(x) for x in sorted(reach.buckets - warm)],
         "extra": [str(x) for x in sorted(warm - reach.buckets)],
-        "seconds": round(time.perf_counter() - t0, 3),
     }
+    if b.config.ragged and b.config.prefix_caching:
+        out["cache_hit_keys"] = cache_hit_keys(b.config, reach)
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def cache_hit_keys(config: RuntimeConfig, reach: Reachable) -> list[dict[str, str]]:
+    """The keys only a prefix-cache hit reaches (the oracle's set with caching on, less its set with
+    caching off), each with the oracle's witness: the shared join that starts the chunk mid-prompt."""
+    without = reachable(config.with_(enable_prefix_caching=False)).buckets
+    return [
+        {"bucket": str(x), "witness": ", ".join(map(str, reach.witnesses[x]))} for x in sorted(reach.buckets - without)
+    ]
 
 
 def exactness_line(e: dict[str, object]) -> str:
@@ -130,5 +148,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'pruned':>15}: {len(pruned)}")
     for p in pruned:
         print(f"  {p.bucket}: [{p.rule}] {p.reason}")
+    hits = exact.get("cache_hit_keys")
+    if isinstance(hits, list):  # ragged with prefix caching
+        print(
+            f"{'cache hits':>15}: {len(hits)} key(s) only a prefix-cache hit reaches" + (", witnesses:" if hits else "")
+        )
+        for k in hits:
+            print(f"  {k['bucket']}: {k['witness']}")
     print(f"{'exactness':>15}: {exactness_line(exact)}")
     return verdict

@@ -177,7 +177,8 @@ class Sizes:
     max_num_seqs: int
     chunk: int  # max_num_batched_tokens: the plugin's prefill chunk, a multiple of 64
     tkv_limit: int  # VLLM_DT_MAX_BATCH_TKV_LIMIT
-    prefix_caching: bool  # off: shared blocks need the shared-owner rules the harness does not have yet
+    # Off: the adapter does not yet translate vLLM's shared blocks into `holders` and cache events.
+    prefix_caching: bool
     seed: int = 0
 
 
