@@ -23,6 +23,7 @@ from spyre_verify.bench.figures import Figure
 from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.violations import Checker
+from spyre_verify.defaults import CHECK_INTEGRITY_EVERY
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders
 from spyre_verify.oracle.walk import reachable
@@ -31,6 +32,8 @@ from spyre_verify.session import always_on
 from spyre_verify.workload import Arrival, seeded_workload
 
 BARE, CHECKED, KV = "bare", "always-on", "kv-integrity"
+# Figure 1c's checked engine: the always-on checkers as `check` runs them, KV integrity sampled.
+AS_CHECK = "as-check"
 # Figure 1's floor: an always-on engine whose handlers do nothing, stepped in the same rounds.
 FLOOR = "floor"
 WORKLOAD_REQUESTS = 40  # per seeded batch; the driver appends another batch when one runs dry
@@ -67,7 +70,10 @@ def compile_cache(backend: str) -> Iterator[None]:
 def build_rigs(config: RuntimeConfig, kinds: list[str], progress: Progress) -> dict[str, Rig]:
     rigs: dict[str, Rig] = {}
     for kind in kinds:
-        checkers = [] if kind == BARE else always_on(kv_integrity=kind == KV)  # FLOOR: muted by figure 1
+        if kind == AS_CHECK:
+            checkers = always_on(kv_integrity=True, integrity_every=CHECK_INTEGRITY_EVERY)
+        else:
+            checkers = [] if kind == BARE else always_on(kv_integrity=kind == KV)  # FLOOR: muted by figure 1
         engine = BundledRuntime(config, wrap_backend=counting_wrapper(checkers))
         for c in checkers:
             c.attach(engine)

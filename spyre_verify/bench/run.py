@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spyre_verify.bench import engine, kernels, layouts, sched, sendnn
+from spyre_verify.bench import engine, kernels, layouts, prefix, sched, sendnn
 from spyre_verify.bench.figures import SCALE, SENDNN, Figure, Plan
 from spyre_verify.bench.overhead import overhead_figures
 from spyre_verify.messages import Progress
@@ -29,6 +29,7 @@ def run_figures(plan: Plan, progress: Progress = lambda _m: None) -> list[Figure
             out.append(sched.waste_figure(plan, progress))
         if "7" in plan.only:
             out += layouts.layout_figures(plan, progress)
+            out.append(prefix.prefix_figure(plan, progress))
         if SCALE in plan.only:
             out += scale_figures(plan, progress)
         if SENDNN in plan.only:

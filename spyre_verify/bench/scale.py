@@ -21,10 +21,11 @@ from typing import Any
 
 from runtime.config import ModelDims, RuntimeConfig
 from runtime.events import DispatchEvent
-from spyre_verify.bench.engine import BARE, CHECKED, Lockstep, Rig, build_rigs
+from spyre_verify.bench.engine import AS_CHECK, BARE, CHECKED, Lockstep, Rig, build_rigs
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.bench.overhead import all_judged, handler_us
 from spyre_verify.bundled import BundledRuntime
+from spyre_verify.defaults import CHECK_INTEGRITY_EVERY
 from spyre_verify.messages import Progress
 from spyre_verify.workload import Arrival
 
@@ -126,7 +127,7 @@ def wide_figure(plan: Plan, progress: Progress) -> Figure:
     """1c: figure 1's always-on / bare ratio, on a wide model with every row busy."""
     scale = SCALES[plan.mode.name]
     config, steps = scale.wide, scale.wide_steps
-    rigs = build_rigs(config, [BARE, CHECKED], progress)
+    rigs = build_rigs(config, [BARE, AS_CHECK], progress)
     try:
         stream = backlog(
             config.max_num_seqs, config.max_model_len // 4, config.max_model_len // 2, config.model.vocab_size
@@ -139,16 +140,16 @@ def wide_figure(plan: Plan, progress: Progress) -> Figure:
         ratios, base_ms, medians = [], [], []
         for _ in range(plan.repeats):
             drive.round(steps)
-            bare, checked = rigs[BARE].times, rigs[CHECKED].times
+            bare, checked = rigs[BARE].times, rigs[AS_CHECK].times
             base = statistics.median(bare)
             base_ms.append(base * 1e3)
             # Paired: a round mixes prefills many times a decode's length, so a ratio of medians
             # moves with which step lands in the middle; the same step on both engines does not.
             ratios.append(statistics.median(t / b for t, b in zip(checked, bare, strict=True)))
             medians.append(statistics.median(checked) / base)
-        with counting_rows(rigs[CHECKED].engine) as count:
-            parts, judged = handler_us(drive, rigs[CHECKED].engine, rigs[CHECKED].checkers, steps)
-        violations = sum(len(c.violations) for c in rigs[CHECKED].checkers)
+        with counting_rows(rigs[AS_CHECK].engine) as count:
+            parts, judged = handler_us(drive, rigs[AS_CHECK].engine, rigs[AS_CHECK].checkers, steps)
+        violations = sum(len(c.violations) for c in rigs[AS_CHECK].checkers)
     finally:
         for rig in reversed(rigs.values()):
             rig.engine.close()
@@ -174,8 +175,9 @@ def wide_figure(plan: Plan, progress: Progress) -> Figure:
             "threads": 1,
         },
         notes=[
-            "figure 1's machinery (build_rigs, Lockstep, handler_us) on two engines, bare and always-on; value = "
-            "median over rounds of the median over steps of (step with / the same step bare)",
+            "figure 1's machinery (build_rigs, Lockstep, handler_us) on two engines, bare and always-on as `check` "
+            f"runs them (KV integrity read every {CHECK_INTEGRITY_EVERY} steps); value = median over rounds of the "
+            "median over steps of (step with / the same step bare)",
             "checker us per step, timed in place for one more round: "
             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])),
             f"violations flagged while benchmarking: {violations}",

@@ -35,7 +35,7 @@ from spyre_verify.session import DispatchLog, always_on
 from spyre_verify.sim import Sim
 from spyre_verify.workload import seeded_workload
 
-IDS = ["1", "1b", "2", "3", "4", "5", "6", "7", "7b", "7c"]
+IDS = ["1", "1b", "2", "3", "4", "5", "6", "7", "7b", "7c", "7d"]
 FIELDS = {
     "id",
     "name",
@@ -298,3 +298,14 @@ def test_a_figure_whose_repeats_straddle_its_target_is_too_noisy_to_judge() -> N
     # Every repeat misses: a miss however wide the spread. Every repeat meets: met.
     assert not steady_miss.noisy and steady_miss.met is False
     assert not steady_met.noisy and steady_met.met is True
+
+
+def test_figure_7d_is_met_by_caching_and_missed_by_a_lookup_that_never_hits() -> None:
+    from spyre_verify.bench.prefix import prefix_figure
+
+    plan = Plan(TINY, "eager", 1)
+    met = prefix_figure(plan, lambda _m: None)
+    assert met.met is True and met.value <= 0.6
+    with mock.patch("runtime.ragged_scheduler.lookup", lambda pool, prompt, bs: ([], [])):
+        missed = prefix_figure(plan, lambda _m: None)
+    assert missed.met is False and missed.value == pytest.approx(1.0)
