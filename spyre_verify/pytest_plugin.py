@@ -31,7 +31,7 @@ profiles.register()
 
 if TYPE_CHECKING:
     from runtime.config import RuntimeConfig
-    from spyre_verify.session import DispatchLog
+    from spyre_verify.checks.dispatch_log import DispatchLog
 
 # torch and the runtime are imported inside the hooks and fixtures that need them, so
 # collecting a suite (or running one shard of it) does not pay for importing torch.
@@ -315,7 +315,7 @@ def spyre_engine(spyre_config: RuntimeConfig, spyre_runtime_factory: Callable[..
 @pytest.fixture
 def dispatch_log(spyre_engine: Any) -> DispatchLog:
     """Every dispatch `spyre_engine` makes, in order."""
-    from spyre_verify.session import DispatchLog
+    from spyre_verify.checks.dispatch_log import DispatchLog
 
     log = DispatchLog()
     spyre_engine.subscribe(log)

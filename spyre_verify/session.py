@@ -6,19 +6,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.bucketer import Bucket
 from runtime.config import RuntimeConfig
-from runtime.events import DispatchEvent
 from runtime.warmup import Seams
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.dispatch import DispatchCoverage
+from spyre_verify.checks.dispatch_log import DispatchLog as DispatchLog  # the plugin's fixture hands it out
 from spyre_verify.checks.echo import RequestEcho
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
@@ -78,36 +76,6 @@ def all_checkers(
         EdgeRules(strict),
         RuntimeCrash(),
     ]
-
-
-class DispatchLog:
-    """Every dispatch, in order; also counts per bucket, and the graphs warmup compiled."""
-
-    def __init__(self) -> None:
-        self.events: list[DispatchEvent] = []
-        self.warmup_graphs = 0
-        self.decode_steps = 0
-        self.chunks: Counter[str] = Counter()  # ragged: prompt chunks by request, after the first
-        self.finishes: Counter[str] = Counter()  # ended requests by reason, as the runtime reported them
-
-    def on_finish(self, ev: Any) -> None:
-        self.finishes[ev.reason] += 1
-
-    def on_dispatch(self, ev: DispatchEvent) -> None:
-        self.events.append(ev)
-
-    def on_compile(self, ev: Any) -> None:
-        self.warmup_graphs += ev.phase == "warmup"
-
-    def on_state(self, ev: Any) -> None:
-        if getattr(ev, "prefill", None) is not None:  # still prefilling after this step's chunk
-            self.chunks[ev.prefill.request_id] += 1
-
-    def on_step(self, ev: Any) -> None:
-        self.decode_steps += ev.kind != "prefill"  # padded "decode"; ragged "decode" or "mixed"
-
-    def counts(self) -> Counter[Bucket]:
-        return Counter(e.bucket for e in self.events)
 
 
 @dataclass

@@ -454,14 +454,14 @@ ALLOWED: dict[str, str] = {
     "cli/ladders.py: run: c.usable_blocks": PRINTS,
     "cli/ladders.py: run: c.max_blocks_per_seq": PRINTS,
     # fault injection builds the broken runtime: it must read the runtime's values to break them
-    "faults/__init__.py: own_ladder_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's "
+    "faults/padded.py: own_ladder_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's "
     "ladder wrongly",
-    "faults/__init__.py: inline_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's ladder "
+    "faults/padded.py: inline_rung: b.bucketer.config.max_blocks_per_seq": "a seeded fault rebuilds the runtime's ladder "
     "wrongly",
-    "faults/__init__.py: limit_from_kv_ladder.compile_limits: config.max_blocks_per_seq": "a seeded fault sizes the recompile "
+    "faults/padded.py: limit_from_kv_ladder.compile_limits: config.max_blocks_per_seq": "a seeded fault sizes the recompile "
     "limit from the runtime's KV ladder",
     "faults/__init__.py: <module>: b.bucketer.config.total_blocks": "a seeded fault pads with the runtime's own out-of-pool id",
-    "faults/__init__.py: builder_rounding.patch.build_decode: self.row()": SEEDED,
+    "faults/padded.py: builder_rounding.patch.build_decode: self.row()": SEEDED,
     "faults/ragged.py: wide_step_queries.build_step: self.bucketer.attend_bucket()": "a seeded fault is the "
     "runtime's own code rewritten: the faulty builder still asks its bucketer, for the wrong query width",
     "faults/ragged.py: wide_step_queries.build_step: self.blocks_for()": SEEDED,
