@@ -15,7 +15,7 @@ properties), so a method or derived property added there is covered without edit
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -207,7 +207,8 @@ def module_bindings(path: Path) -> dict[str, tuple[str, str | None]]:
     return import_bindings(parse(path), package="")
 
 
-def reached_modules(path: Path) -> set[str]:
+@cache  # three tests a module ask, and no file changes during a run
+def reached_modules(path: Path) -> frozenset[str]:
     """Every runtime definition a module reaches: what it imports, each followed through re-exports,
     and each dotted name it reads through an imported module."""
     tree, bindings = parse(path), module_bindings(path)
@@ -216,7 +217,7 @@ def reached_modules(path: Path) -> set[str]:
     reached |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     reached |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     reached |= {resolve(n, bindings) for n in ast.walk(tree) if isinstance(n, ast.Name | ast.Attribute)} - {None}
-    return {d for d in reached if in_runtime(d)}
+    return frozenset(d for d in reached if in_runtime(d))
 
 
 def forbidden_reached(path: Path) -> set[str]:
@@ -324,29 +325,31 @@ def kind_of_attribute(node: ast.Attribute, where: Where, bindings: dict[str, tup
     return None
 
 
-def runtime_words(path: Path, root: Path = PACKAGE) -> list[Use]:
+@cache
+def runtime_words(path: Path, root: Path = PACKAGE) -> tuple[Use, ...]:
     """Every use of the runtime's word in a module: a bucketer or builder answer, a derived config
     property, a planning call, or the runtime's bucketer built (however imported)."""
     rel, bindings = path.relative_to(root).as_posix(), module_bindings(path)
     found = []
     for node, where in located(parse(path)):
-        kind, expr = None, ast.unparse(node)
+        kind = None
         if isinstance(node, ast.Call):
-            kind, expr = kind_of_call(node.func, where, bindings), f"{ast.unparse(node.func)}()"
+            kind = kind_of_call(node.func, where, bindings)
         elif isinstance(node, ast.Attribute):
             kind = kind_of_attribute(node, where, bindings)
         if isinstance(node, ast.Name | ast.Attribute) and resolve(node, bindings) in ANSWERING_CLASSES:
             kind = "bucketer"
         if kind:
+            expr = f"{ast.unparse(node.func)}()" if isinstance(node, ast.Call) else ast.unparse(node)
             found.append(Use(rel, node.lineno, where.function, expr, kind))
-    return found
+    return tuple(found)
 
 
 def bucketer_answers(path: Path, root: Path = PACKAGE) -> list[Use]:
     return [use for use in runtime_words(path, root) if use.kind == "bucketer"]
 
 
-def unlisted(uses: list[Use], allowed: dict[str, str]) -> list[str]:
+def unlisted(uses: Iterable[Use], allowed: dict[str, str]) -> list[str]:
     return [str(use) for use in uses if use.key not in allowed]
 
 

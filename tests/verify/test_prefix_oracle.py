@@ -9,6 +9,8 @@ import functools
 import itertools
 from typing import Any
 
+import pytest
+
 from runtime.bucketer import ATTEND, AttendKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.ragged_metadata import RaggedBuilder
@@ -213,6 +215,7 @@ def small_configs() -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.untraced  # the walk over many configs; its lines are covered elsewhere
 def test_the_closed_form_equals_the_walk_with_caching_on_and_off() -> None:
     """Every disagreement, named by config and bucket with the witness of the side that has it; and
     every walk witness of a key only a hit reaches replays on the model (`ragged_witness.replay`)."""
