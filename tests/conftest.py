@@ -40,8 +40,9 @@ def pytest_configure() -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """A test marked `untraced` runs outside coverage's tracer: it repeats one comparison over
-    hundreds of configs, three to four times slower traced, on lines other tests cover. Its own
-    lines count for nothing, so the floor holds without it (tests/verify/test_untraced.py)."""
+    hundreds of configs, or one search over hundreds of examples, two to four times slower traced,
+    on lines other tests cover. Its own lines count for nothing, so the floor holds without it
+    (tests/verify/test_untraced.py)."""
     if item.get_closest_marker("untraced") is None:
         return (yield)
     with untraced():

@@ -139,6 +139,7 @@ def check_cli(flags: list[str], env: dict[str, str]) -> bool:
     return False
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 def test_config_cli_fuzz() -> None:
     fuzz_cli()
     print(f"\nconfig fuzz (CLI): {TRIED['cli']} inputs tried, {TRIED['cli accepted']} accepted")

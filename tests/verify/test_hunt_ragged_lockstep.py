@@ -79,6 +79,7 @@ def test_the_lockstep_names_the_rule_a_ragged_scheduler_breaks(
     assert f.batch_state is not None and f.batch_state["step"] == int(says.split()[1].rstrip(":"))
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @pytest.mark.parametrize(
     ("bug", "rule"),
     [(budget_ignores_decodes, "budget"), (admits_while_prefilling, "admission")],

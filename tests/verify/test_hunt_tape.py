@@ -179,6 +179,7 @@ def test_the_documented_controls_are_the_hunts() -> None:
 JUDGED_BY = {"warmup-exactness": "warmup", "ladder-agreement": "ladders"}
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @pytest.mark.parametrize("fault", CAUGHT)
 def test_every_observable_control_is_found_and_shrunk_to_a_short_case(fault: str) -> None:
     prop = JUDGED_BY.get(CATALOG[fault].checker, "dispatch")

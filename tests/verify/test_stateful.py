@@ -105,6 +105,7 @@ class StripsOneStepLate(Scheduler):
         self.due = bool(self.running) and min(r.left_pad // self.bs for r in self.running) > 0
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @pytest.mark.parametrize(
     ("broken", "rule"),
     [(ReservesOneBlockTooFew, "reservation"), (StripsOneStepLate, "strip")],
