@@ -4,6 +4,7 @@ the plugin's own tests."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -24,6 +25,11 @@ if not os.environ.get("SPYRE_VERIFY_SENDNN_TESTS") and importlib.util.find_spec(
     collect_ignore = ["sendnn"]
 
 torch.set_num_threads(1)
+# Dynamo's compiles leave hundreds of thousands of live objects, and at the default thresholds
+# every 700 allocations start a collection that walks them: 8% of a worker's CPU, 3% at these
+# (tests/verify/test_controls_cli.py and four others, gc.callbacks timing each collection).
+# Dynamo still runs its own gc.collect(1) after each compile.
+gc.set_threshold(20_000, 20, 20)
 # HYPOTHESIS_PROFILE if set (tox sets "ci"), else "dev".
 load_profile(None)
 
