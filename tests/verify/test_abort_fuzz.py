@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
@@ -77,6 +78,7 @@ def well_formed(sim: Sim, ended: dict[str, Request]) -> None:
             assert len(r.output) == r.max_tokens
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @settings(max_examples=200, deadline=None)
 @given(st.lists(OPS, min_size=8, max_size=40))
 def test_every_call_succeeds_or_is_a_request_error_that_changes_nothing(ops: list[tuple]) -> None:

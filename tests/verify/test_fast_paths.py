@@ -10,6 +10,7 @@ import dataclasses
 import types
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,6 +78,7 @@ def corruptions(state: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 9), st.integers(1, 7), st.integers(0, 3)), min_size=1, max_size=6),
@@ -186,6 +188,7 @@ def tables(draw: st.DrawFn) -> BlockTableEvent:
     )
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @settings(max_examples=400, deadline=None)
 @given(tables())
 def test_the_block_table_fast_path_passes_exactly_the_tables_the_rules_pass(ev: BlockTableEvent) -> None:
@@ -195,6 +198,7 @@ def test_the_block_table_fast_path_passes_exactly_the_tables_the_rules_pass(ev: 
     assert checker()._design_rows_hold(ev) == (rules == [])
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(-1, NUM_BLOCKS * BS + 3), st.sampled_from(["r0", "r1"])), max_size=6),
@@ -248,6 +252,7 @@ def ragged_rows(draw: st.DrawFn) -> tuple[tuple[int, ...], str | None, int, dict
     return tuple(row), rid, seq_len, owners, known
 
 
+@pytest.mark.untraced  # a search repeating lines other tests cover
 @settings(max_examples=600, deadline=None)
 @given(ragged_rows())
 def test_the_ragged_row_fast_path_passes_exactly_the_rows_the_rules_pass(case: tuple[Any, ...]) -> None:

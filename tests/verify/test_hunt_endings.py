@@ -181,6 +181,7 @@ def test_the_lockstep_names_a_wrong_ending(monkeypatch: pytest.MonkeyPatch, patc
 
 
 # -- the hunt draws them, finds a leak, shrinks it, and both reproducers reproduce -------------------
+@pytest.mark.untraced  # a search repeating lines other tests cover
 def test_the_dispatch_cases_draw_stops_aborts_and_limits_from_binding_to_not() -> None:
     seen: Counter[str] = Counter()
 
