@@ -181,12 +181,22 @@ class Probe:
 
 def probe(spec: str | None, config: Any) -> Probe:
     """Resolve `spec`, build the runtime once to check the protocol and read its catalog, close it."""
+    found, rt = probe_open(spec, config, settings_for(config))
+    rt.close()
+    return found
+
+
+def probe_open(spec: str | None, config: Any, settings: Settings) -> tuple[Probe, Any]:
+    """As `probe`, built with `settings` and left open: the first pass built with those settings
+    serves on it, so that a run builds the runtime once per pass (the real plugin's build is a
+    vLLM engine's, seconds)."""
     target = resolve_name(spec)
-    rt = open_runtime(target, settings_for(config))
+    rt = open_runtime(target, settings)
     try:
         faults = getattr(rt, "faults", None)
         catalog = dict(faults()) if callable(faults) else {}
         declared = getattr(rt, "contract", None)
-        return Probe(target, rt.name, rt.config, rt.capabilities, catalog, dict(declared) if declared else None)
-    finally:
+        return Probe(target, rt.name, rt.config, rt.capabilities, catalog, dict(declared) if declared else None), rt
+    except BaseException:
         rt.close()
+        raise

@@ -211,6 +211,7 @@ def verify(
     progress: Progress | None = None,
     coverage: bool = True,
     runtime: str = BUNDLED_FACTORY,
+    opened: Any = None,
 ) -> RunResult:
     """Warm up, serve the workload (then coverage traffic) under the stance, finish every check.
 
@@ -219,13 +220,15 @@ def verify(
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
     coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
     `crowds.py`). With `coverage`, the edge traffic runs first (`edges.serve_edges`): on every runtime, the
-    protocol edges. For another runtime, `fault` is one of its own.
+    protocol edges. For another runtime, `fault` is one of its own. `opened` is that runtime already
+    built, with `run_settings(config, checkers, ...)` for these `checkers` (check's probe); it is
+    closed here as a runtime built here is.
     """
+    assert opened is None or checkers is not None, "a runtime built for the run comes with the checkers it counts for"
     run = prepare(config, checkers, fault, coverage)
-    settings = settings_for(
-        config, counting_wrapper(run.checkers), None if runtime == BUNDLED_FACTORY else fault, seams
-    )
-    run.engine = open_runtime(runtime, settings)  # closing it puts back the Dynamo limits it set
+    settings = run_settings(config, run.checkers, fault, runtime, seams)
+    # Closing the runtime puts back the Dynamo limits it set.
+    run.engine = opened if opened is not None else open_runtime(runtime, settings)
     try:
         if not attach(run, config, runtime):
             return run.result
@@ -235,6 +238,18 @@ def verify(
         return run.result
     finally:
         run.engine.close()
+
+
+def run_settings(
+    config: RuntimeConfig,
+    checkers: list[Checker],
+    fault: str | None = None,
+    runtime: str = BUNDLED_FACTORY,
+    seams: Seams = Seams(),
+) -> Any:
+    """What `verify` builds its runtime with: the harness's counting backend for `checkers`, and
+    another runtime's own `fault` (the bundled runtime's faults patch it from outside)."""
+    return settings_for(config, counting_wrapper(checkers), None if runtime == BUNDLED_FACTORY else fault, seams)
 
 
 def prepare(config: RuntimeConfig, checkers: list[Checker] | None, fault: str | None, coverage: bool) -> Run:

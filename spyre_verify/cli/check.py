@@ -32,7 +32,7 @@ from spyre_verify.report import (
     write_atomic,
     write_json,
 )
-from spyre_verify.runtimes import probe
+from spyre_verify.runtimes import probe, probe_open
 from spyre_verify.workload import seeded_workload
 
 if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
@@ -145,6 +145,10 @@ class Plan:
     on_work: list[Item]
     why: str | None  # why the kill table runs on a sibling (None: on the checked config)
     per_seq: bool  # whether the per-sequence pass runs
+    # The main pass's checkers and the runtime the probe built for them, which it serves on (None
+    # under --fault: a fault run builds its own); `main_pass` takes it, `run` closes one left over.
+    checkers: list[Any] | None = None
+    opened: list[Any] = field(default_factory=list)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         path = write_partial(args.out, plan.name, plan.config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
+    finally:
+        for rt in plan.opened:  # a pass that never started leaves the probe's runtime to close here
+            rt.close()
     p = report(plan, done)
     publish(plan, p)
     if args.expect_finding:
@@ -164,13 +171,34 @@ def run(args: argparse.Namespace) -> int:
 def plan_run(args: argparse.Namespace) -> tuple[Plan, Done]:
     """Config, runtime and catalog, each refused with one line before any work."""
     config = config_from_args(args)  # before the run's modules load torch: a bad value is answered at once
+    from spyre_verify.session import all_checkers, run_settings
+
+    tune_process()  # before the probe: the runtime it builds is the main pass's, and allocates under it
+    # A runtime that breaks the protocol stops here, before any work. Without --fault the probe builds
+    # the main pass's runtime, with its checkers' counting backend, and the main pass serves on it.
+    checkers = all_checkers() if args.fault is None else None
+    if checkers is None:
+        rt, opened = probe(args.runtime, config), []
+    else:
+        rt, built = probe_open(args.runtime, config, run_settings(config, checkers))
+        opened = [built]
+    try:
+        return plan_passes(args, config, rt, checkers, opened)
+    except BaseException:
+        for built in opened:
+            built.close()
+        raise
+
+
+def plan_passes(
+    args: argparse.Namespace, config: RuntimeConfig, rt: Any, checkers: list[Any] | None, opened: list[Any]
+) -> tuple[Plan, Done]:
+    """The passes a probed runtime gets: its catalog, workloads and the kill table's config."""
     from spyre_verify.controls import controls_config, fault_catalog
 
-    rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
     if args.fault is not None and args.fault not in catalog:  # also SPYRE_VERIFY_FAULT, which argparse does not check
         raise UsageError(f"unknown fault {args.fault!r}; choose one of: {', '.join(catalog) or '(none)'}")
-    tune_process()
     work = seeded_workload(rt.config, args.requests, args.seed, endings=True)  # stop tokens and aborts too
     done = Done(faults=len(catalog), controls_not_run=catalog_not_run(args, rt.name, rt.bundled, catalog))
     names = list(catalog) if not (args.fault or args.no_controls) else []
@@ -183,7 +211,7 @@ def plan_run(args: argparse.Namespace) -> tuple[Plan, Done]:
     on_work = work if why is None else seeded_workload(on, args.requests, args.seed, endings=True)
     done.controls_config = {"max_model_len": on.max_model_len, "why": why} if why else None
     name = f"check-{args.fault}" if args.fault else "check"
-    return Plan(args, config, rt, catalog, names, name, work, on, on_work, why, per_seq), done
+    return Plan(args, config, rt, catalog, names, name, work, on, on_work, why, per_seq, checkers, opened), done
 
 
 def run_passes(plan: Plan, done: Done) -> None:
@@ -222,7 +250,10 @@ def main_pass(plan: Plan, done: Done) -> None:
         say(f"running under fault {args.fault}: {about}")
         done.result = run_fault(plan.config, args.fault, plan.work, progress=say, runtime=rt.target)
     else:
-        done.result = verify(plan.config, workload=plan.work, progress=say, runtime=rt.target)
+        opened = plan.opened.pop() if plan.opened else None  # verify closes it
+        done.result = verify(
+            plan.config, workload=plan.work, checkers=plan.checkers, progress=say, runtime=rt.target, opened=opened
+        )
 
 
 def second_pass(plan: Plan, done: Done, beside: Any) -> None:
