@@ -157,6 +157,7 @@ print(",".join(f.kind for f in found))
 """
 
 
+@pytest.mark.copies
 @pytest.mark.parametrize("edit", ["clean", "bug"])
 def test_the_realistic_bug_in_a_copy_of_the_runtime(edit: str, tmp_path: Path) -> None:
     """.ci/realistic_bugs.py's `recompile-limit-from-kv-ladder`, edited into a copy of runtime/ that
