@@ -335,6 +335,7 @@ def _control_detected(engine: Any) -> bool:
     entry point under the audit's stance, must be refused."""
     from spyre_verify.checks import graph_reuse
     from spyre_verify.checks.control_calls import control_scope
+    from spyre_verify.checks.stance import is_stance_error
 
     # The runtime's first control (the bundled one's: a size it has no graph for, chosen afresh).
     control = next(iter(engine.controls()), None) if hasattr(engine, "controls") else None
@@ -344,7 +345,7 @@ def _control_detected(engine: Any) -> bool:
         with control_scope(), graph_reuse.serving_stance():
             control.call()
     except RuntimeError as e:
-        return graph_reuse.is_stance_error(e)
+        return is_stance_error(e)
     return False
 
 
@@ -358,7 +359,7 @@ def graph_audit(request: pytest.FixtureRequest) -> Callable[..., AbstractContext
     """
 
     from spyre_verify.checks import graph_reuse
-    from spyre_verify.checks.graph_reuse import is_stance_error
+    from spyre_verify.checks.stance import is_stance_error
 
     @contextmanager
     def audit(engine: Any = None) -> Iterator[None]:

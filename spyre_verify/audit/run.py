@@ -39,7 +39,8 @@ from spyre_verify.audit.accounts import CONTROLS, PREFLIGHT, REPLAY, TRAFFIC, WA
 from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import traceback_text
 from spyre_verify.checks.describe import ordered
-from spyre_verify.checks.graph_reuse import STANCE_MARK, ControlResult, GraphReuse, is_stance_error
+from spyre_verify.checks.graph_reuse import GraphReuse
+from spyre_verify.checks.stance import STANCE_MARK, ControlResult, is_stance_error
 from spyre_verify.crowds import CrowdRun, crowd_traffic
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders

@@ -25,51 +25,29 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Any
-
-import torch
 
 from runtime.bucketer import DECODE, Bucket
 from runtime.compiler import BackendWrapper
 from runtime.events import SERVING, CompileEvent, DispatchEvent
-from spyre_verify.checks.control_calls import Control, control_scope, in_control
+from spyre_verify.checks.control_calls import control_scope, in_control
 from spyre_verify.checks.counting import CallLedger, CountingBackend, compare
 from spyre_verify.checks.describe import describe_batch, ordered
 from spyre_verify.checks.graph_truth import limit_findings, mislabel, shortfalls, wrong_graphs
+from spyre_verify.checks.stance import ControlResult, is_stance_error, run_control, serving_stance
 from spyre_verify.checks.violations import Checker, InvariantViolation
 from spyre_verify.declared import layers_of
 
-STANCE_MARK = "fail_on_recompile"
 CONTRACT = "design_contract"
-
-
-def is_stance_error(e: BaseException) -> bool:
-    return isinstance(e, RuntimeError) and STANCE_MARK in str(e)
-
-
-def serving_stance() -> AbstractContextManager[None]:
-    """The stance every serving path runs under: `guard()`, preflight and the plugin's `graph_audit`."""
-    return torch.compiler.set_stance(STANCE_MARK)
+# `serving_stance` is also read as `graph_reuse.serving_stance` by the plugin's graph_audit, and a test
+# of the plugin disables it there.
 
 
 def counting_wrapper(checkers: list[Any]) -> BackendWrapper | None:
     """The `wrap_backend` to build an engine with: the counter of the first GraphReuse in `checkers`."""
     graph = next((c for c in checkers if isinstance(c, GraphReuse)), None)
     return graph.counter.wrap if graph is not None else None
-
-
-@dataclass(frozen=True)
-class ControlResult:
-    name: str
-    bucket: str
-    seen_by_backend: bool  # the harness's counting backend saw the repeated call compile
-    seen_by_stance: bool  # the serving guard refused the first call
-
-    @property
-    def detected(self) -> bool:
-        return self.seen_by_backend and self.seen_by_stance
 
 
 class GraphReuse(Checker):
@@ -279,7 +257,7 @@ class GraphReuse(Checker):
         """
         planned = list(self.engine.controls())
         with control_scope():
-            results = [self._run_control(control) for control in planned]
+            results = [run_control(control, self.guard, lambda k: self.counter.compiles[k]) for control in planned]
         self.controls.extend(results)
         for control, r in zip(planned, results, strict=True):
             if not r.detected:
@@ -294,20 +272,6 @@ class GraphReuse(Checker):
                 )
         self.cross_check()
         return self.controls
-
-    def _run_control(self, control: Control) -> ControlResult:
-        by_stance = False
-        try:
-            with self.guard():
-                control.call()
-        except RuntimeError as e:
-            if not is_stance_error(e):
-                raise
-            by_stance = True
-        kernel = control.bucket.kernel
-        before = self.counter.compiles[kernel]
-        control.call()
-        return ControlResult(control.name, str(control.bucket), self.counter.compiles[kernel] > before, by_stance)
 
     def cross_check(self) -> None:
         """Per kernel, the runner's compiles and graph hits against the counting backend's."""
