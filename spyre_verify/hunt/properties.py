@@ -54,9 +54,8 @@ from spyre_verify.hunt.ragged_lockstep import RaggedLockstep
 from spyre_verify.hunt.ragged_replay import replay_ragged
 from spyre_verify.hunt.replay import BatchState, Op, StepPoint, replay
 from spyre_verify.hunt.world import World, world
-from spyre_verify.oracle import ragged_walk
-from spyre_verify.oracle.derive import decode_key, kv_dim, ladders, pool_blocks, prefill_key
-from spyre_verify.oracle.walk import WALK_MAX_LEN, Reachable, closed, reachable, refutations, space, to_bucket, walk
+from spyre_verify.oracle.derive import decode_key, kv_dim, pool_blocks, prefill_key
+from spyre_verify.oracle.walk import Reachable, closed, reachable, refutations
 
 # States the oracle's walk may visit per config (~30 ms, once per config); above it the
 # walked part is checked: every bucket it reached must be warm.
@@ -194,19 +193,6 @@ def oracle_reachable(config: RuntimeConfig, budget: int = WALK_BUDGET) -> Reacha
     return reachable(config, budget)
 
 
-@functools.lru_cache(maxsize=4096)
-def walked_buckets(config: RuntimeConfig, budget: int = WALK_BUDGET) -> tuple[frozenset[Bucket], bool]:
-    """The buckets the walk reaches within `budget` states and whether it finished, without the
-    witness it builds for each bucket: a clean config (nearly every one) never needs one."""
-    if config.max_model_len > WALK_MAX_LEN:
-        return frozenset(), False
-    if config.ragged:
-        return ragged_walk.buckets(config, budget)
-    walked = walk(space(config), max_states=budget)
-    lad = ladders(config)
-    return frozenset(b for s in walked.shapes if (b := to_bucket(lad, s)) is not None), walked.complete
-
-
 def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = WALK_BUDGET) -> list[Finding]:
     """Warm set == reachable set. Where the walk finishes, the closed form must equal it too (a
     disagreement is the oracle's own bug, reported as one); above the walk's budget the closed
@@ -214,9 +200,10 @@ def check_warmup(config: RuntimeConfig, fault: str | None = None, budget: int = 
 
     def body() -> list[Finding]:
         w = world(config, fault)
-        buckets, exhaustive = walked_buckets(w.config, budget)
-        out = oracle_disagreements(w, buckets) if exhaustive else refuted(w)
+        # One walk: where it finishes within the budget it is the oracle's answer, and the closed
+        # form is held to it; where it does not, the closed form answers and random walks try it.
         reach = oracle_reachable(w.config, budget)
+        out = oracle_disagreements(w, reach.buckets) if reach.exhaustive else refuted(w)
         if reach.buckets == w.warm:
             return out
         for b in sorted(reach.buckets - w.warm):

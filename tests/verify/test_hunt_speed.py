@@ -19,7 +19,7 @@ from spyre_verify.bench import sched
 from spyre_verify.bench.figures import TINY, Plan
 from spyre_verify.hunt import cases, properties
 from spyre_verify.hunt.quiet import numpy_unmanaged, quiet, quiet_gc
-from spyre_verify.oracle import walk
+from spyre_verify.oracle import ragged_walk, walk
 from spyre_verify.oracle.derive import decode_key, ladders, prefill_key, rung
 from spyre_verify.oracle.walk import DECODE as DECODE_ACTION
 from spyre_verify.oracle.walk import Space, State, _action, _joins, _reservation, _strip, peak
@@ -91,16 +91,33 @@ def test_the_oracle_hands_out_one_bucket_per_key_equal_to_a_fresh_one() -> None:
     assert [rung((1, 2, 4), s) for s in (0, 1, 2, 3, 4, 5)] == [1, 1, 2, 4, 4, None]
 
 
-# -- the warmup property's walked set ------------------------------------------------------------------
-def test_the_walked_set_without_witnesses_is_the_reachable_set() -> None:
+# -- the warmup property walks each config once ---------------------------------------------------------
+def test_the_warmup_property_walks_each_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It walked twice, once without witnesses: a ragged config with prefix caching, whose walk runs
+    to the budget, cost the hunt four times its examples (bench figure 2's warmup property)."""
+    walks: list[str] = []
+
+    def counted(module: Any) -> Any:
+        real = module.walk
+
+        def walk_and_count(*args: Any, **kwargs: Any) -> Any:
+            walks.append(module.__name__)
+            return real(*args, **kwargs)
+
+        return walk_and_count
+
+    for module in (ragged_walk, walk):
+        monkeypatch.setattr(module, "walk", counted(module))
     rng = random.Random(11)
-    for _ in range(60):
-        config = cases.walk_config(rng.randbytes(cases.CONFIG_TAPE))
-        reach = properties.oracle_reachable(config)
-        walked, finished = properties.walked_buckets(config)
-        assert finished == reach.exhaustive
-        # Within the budget they are one walk; beyond it the walk saw part of the closed form's set.
-        assert walked == reach.buckets if finished else walked <= reach.buckets
+    configs = [
+        cases.walk_config(rng.randbytes(cases.CONFIG_TAPE), layouts) for layouts in [("padded",), ("ragged",)] * 15
+    ]
+    assert sum(c.ragged and c.enable_prefix_caching is not False for c in configs) >= 5
+    for config in configs:
+        properties.oracle_reachable.cache_clear()
+        walks.clear()
+        assert properties.check_warmup(config) == []
+        assert len(walks) <= 1, (config, walks)  # none above the walk's sizes: the closed form answers
 
 
 def test_a_missing_bucket_still_comes_with_its_witness() -> None:
