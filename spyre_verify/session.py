@@ -226,9 +226,12 @@ def verify(
     """
     assert opened is None or checkers is not None, "a runtime built for the run comes with the checkers it counts for"
     run = prepare(config, checkers, fault, coverage)
-    settings = run_settings(config, run.checkers, fault, runtime, seams)
     # Closing the runtime puts back the Dynamo limits it set.
-    run.engine = opened if opened is not None else open_runtime(runtime, settings)
+    run.engine = (
+        opened
+        if opened is not None
+        else open_runtime(runtime, run_settings(config, run.checkers, fault, runtime, seams))
+    )
     try:
         if not attach(run, config, runtime):
             return run.result

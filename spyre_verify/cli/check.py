@@ -148,7 +148,7 @@ class Plan:
     # The main pass's checkers and the runtime the probe built for them, which it serves on (None
     # under --fault: a fault run builds its own); `main_pass` takes it, `run` closes one left over.
     checkers: list[Any] | None = None
-    opened: list[Any] = field(default_factory=list)
+    opened: Any = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
         path = write_partial(args.out, plan.name, plan.config, args.fault, done)
         raise KeyboardInterrupt(f"partial report in {path}") from None
     finally:
-        for rt in plan.opened:  # a pass that never started leaves the probe's runtime to close here
-            rt.close()
+        if plan.opened is not None:  # a main pass that never started leaves the probe's runtime here
+            plan.opened.close()
     p = report(plan, done)
     publish(plan, p)
     if args.expect_finding:
@@ -178,20 +178,19 @@ def plan_run(args: argparse.Namespace) -> tuple[Plan, Done]:
     # the main pass's runtime, with its checkers' counting backend, and the main pass serves on it.
     checkers = all_checkers() if args.fault is None else None
     if checkers is None:
-        rt, opened = probe(args.runtime, config), []
+        rt, opened = probe(args.runtime, config), None
     else:
-        rt, built = probe_open(args.runtime, config, run_settings(config, checkers))
-        opened = [built]
+        rt, opened = probe_open(args.runtime, config, run_settings(config, checkers))
     try:
         return plan_passes(args, config, rt, checkers, opened)
     except BaseException:
-        for built in opened:
-            built.close()
+        if opened is not None:
+            opened.close()
         raise
 
 
 def plan_passes(
-    args: argparse.Namespace, config: RuntimeConfig, rt: Any, checkers: list[Any] | None, opened: list[Any]
+    args: argparse.Namespace, config: RuntimeConfig, rt: Any, checkers: list[Any] | None, opened: Any
 ) -> tuple[Plan, Done]:
     """The passes a probed runtime gets: its catalog, workloads and the kill table's config."""
     from spyre_verify.controls import controls_config, fault_catalog
@@ -250,7 +249,7 @@ def main_pass(plan: Plan, done: Done) -> None:
         say(f"running under fault {args.fault}: {about}")
         done.result = run_fault(plan.config, args.fault, plan.work, progress=say, runtime=rt.target)
     else:
-        opened = plan.opened.pop() if plan.opened else None  # verify closes it
+        opened, plan.opened = plan.opened, None  # verify closes it
         done.result = verify(
             plan.config, workload=plan.work, checkers=plan.checkers, progress=say, runtime=rt.target, opened=opened
         )
