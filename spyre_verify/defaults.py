@@ -33,7 +33,7 @@ def tune_process() -> None:
     skip_guard_profile()
     use_huge_pages()
     if sys.gettrace() is not None:
-        from spyre_verify.untraced import compile_untraced
+        from spyre_verify.testing.untraced import compile_untraced
 
         compile_untraced()
 

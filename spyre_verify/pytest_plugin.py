@@ -25,7 +25,7 @@ import pytest
 
 # Registering (not loading) the ci/dev/hunt profiles at import lets Hypothesis's own
 # --hypothesis-profile flag find them; hypothesis is light, torch is not imported here.
-from spyre_verify import profiles
+from spyre_verify.testing import profiles
 
 profiles.register()
 
@@ -269,7 +269,7 @@ def spyre_config(request: pytest.FixtureRequest) -> RuntimeConfig:
 
 @pytest.fixture
 def spyre_runtime_factory() -> Callable[..., Any]:
-    """The runtime `spyre_engine` is built with: a factory taking `spyre_verify.protocol.Settings`.
+    """The runtime `spyre_engine` is built with: a factory taking `spyre_verify.runtimes.protocol.Settings`.
     Override it in your conftest.py to aim the fixtures at your own runtime; by default it is the
     one SPYRE_VERIFY_RUNTIME names, else the bundled one."""
     from spyre_verify.runtimes import load_factory, resolve_name
@@ -281,10 +281,10 @@ def spyre_runtime_factory() -> Callable[..., Any]:
 def spyre_engine(spyre_config: RuntimeConfig, spyre_runtime_factory: Callable[..., Any]) -> Iterator[Any]:
     """A warmed engine with every always-on checker its capabilities allow attached in strict mode."""
     from spyre_verify.checks.graph_reuse import counting_wrapper
-    from spyre_verify.declared import DeclarationError, declare
-    from spyre_verify.protocol import layout_of, missing
     from spyre_verify.runtimes import settings_for
-    from spyre_verify.session import always_on
+    from spyre_verify.runtimes.declared import DeclarationError, declare
+    from spyre_verify.runtimes.protocol import layout_of, missing
+    from spyre_verify.serving.session import always_on
 
     checkers = always_on(strict=True)
     # Graph-reuse counts compiles and hits through its own backend wrapper as well as the runners'.

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from spyre_verify.defaults import skip_guard_profile
-from spyre_verify.profiles import load_profile
-from spyre_verify.untraced import compile_untraced, untraced
+from spyre_verify.testing.profiles import load_profile
+from spyre_verify.testing.untraced import compile_untraced, untraced
 
 pytest_plugins = ["pytester"]
 
@@ -36,7 +36,7 @@ load_profile(None)
 
 def pytest_configure() -> None:
     """Every xdist worker, as every command of the harness, skips Dynamo's guard-latency profile:
-    a fifth of the tests' CPU. And Dynamo compiles outside coverage's tracer (spyre_verify/untraced.py:
+    a fifth of the tests' CPU. And Dynamo compiles outside coverage's tracer (spyre_verify/testing/untraced.py:
     a third of the suite's CPU under coverage), installed here whether or not a tracer runs, so that
     tests/verify/test_untraced.py holds it in any run."""
     skip_guard_profile()

@@ -15,7 +15,7 @@ went wrong.
 
 The runtime is built through the protocol (`--runtime`). The walk, its coverage traffic
 and the heatmaps are DESIGN's, so they need `design_contract`; on another runtime they are
-reported as not run, the traffic is crowd traffic (`spyre_verify.crowds`: every batch width
+reported as not run, the traffic is crowd traffic (`spyre_verify.serving.crowds`: every batch width
 at every length rung of its own ladders and the config's, then a bounded protocol hunt), and
 each bucket of its `warm_plan()` is judged on its own: compiled once in warmup, reused
 wherever served, never compiled again, and served by the traffic.
@@ -36,17 +36,17 @@ from runtime.bucketer import Bucket, Pruned
 from runtime.config import RuntimeConfig
 from runtime.warmup import Seams
 from spyre_verify.audit.accounts import CONTROLS, PREFLIGHT, REPLAY, TRAFFIC, WARMUP, AuditLog, BucketStats, counters
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import traceback_text
 from spyre_verify.checks.describe import ordered
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.stance import STANCE_MARK, ControlResult, is_stance_error
-from spyre_verify.crowds import CrowdRun, crowd_traffic
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as expected_ladders
 from spyre_verify.oracle.walk import reachable as walk_reachable
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.crowds import CrowdRun, crowd_traffic
+from spyre_verify.serving.traffic import Scenario, coverage_scenarios, run_scenario, step_limit
 
 CONTRACT = "design_contract"
 # What needs DESIGN's contract, and is reported as not run on a runtime without it.

@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from runtime.config import RuntimeConfig
 from runtime.events import CompileEvent
 from spyre_verify.bench.figures import Figure
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.violations import Checker
 from spyre_verify.defaults import CHECK_INTEGRITY_EVERY
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders
 from spyre_verify.oracle.walk import reachable
-from spyre_verify.serve_loop import Feed, ignore, serve
-from spyre_verify.session import always_on
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.serve_loop import Feed, ignore, serve
+from spyre_verify.serving.session import always_on
+from spyre_verify.serving.workload import Arrival, seeded_workload
 
 BARE, CHECKED, KV = "bare", "always-on", "kv-integrity"
 # Figure 1c's checked engine: the always-on checkers as `check` runs them, KV integrity sampled.

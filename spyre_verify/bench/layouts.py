@@ -1,6 +1,6 @@
 """Figure 7: the two layouts side by side on one mixed workload, with no compiler.
 
-Both layouts serve the same seeded workload on `spyre_verify.sim.Sim` (the runtime's own
+Both layouts serve the same seeded workload on `spyre_verify.serving.sim.Sim` (the runtime's own
 schedulers and builders, stand-in tokens), through the one serve loop. For every kernel call
 the figure counts the attention positions its bucket computes (query rows x key positions of
 the padded shapes) and the useful ones (each real query's causal span), and it counts the
@@ -34,9 +34,9 @@ from runtime.keys import AttendKey, BatchedKey, ChunkedKey, DecodeKey, PrefillKe
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import attend_key, chunked_key, ladders
-from spyre_verify.serve_loop import ignore, serve
-from spyre_verify.sim import Sim
-from spyre_verify.workload import LONG_TOKENS, seeded_workload
+from spyre_verify.serving.serve_loop import ignore, serve
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import LONG_TOKENS, seeded_workload
 
 SIZES: dict[str, Any] = {"block_size": 64, "max_model_len": 2048, "max_num_seqs": 8}
 BUDGET = 512  # the ragged layout's max_num_batched_tokens in this figure

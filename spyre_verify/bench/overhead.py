@@ -19,10 +19,10 @@ from runtime.config import RuntimeConfig
 from spyre_verify.bench.bytecodes import counting_steps
 from spyre_verify.bench.engine import BARE, CHECKED, FLOOR, KV, WORKLOAD_REQUESTS, Lockstep, Rig
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker
 from spyre_verify.messages import Progress
+from spyre_verify.runtimes.bundled import BundledRuntime
 
 EVENTS = "events+stance"
 TRACED_STEPS = 40  # steps of each engine run under sys.settrace for the Python each one executes

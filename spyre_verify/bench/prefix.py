@@ -2,7 +2,7 @@
 
 The ragged layout serves one seeded workload whose requests share system prompts (a few
 distinct ones, each several blocks long, then a user turn of its own), once with prefix
-caching on and once off, on `spyre_verify.sim.Sim` (the runtime's own pool, scheduler and
+caching on and once off, on `spyre_verify.serving.sim.Sim` (the runtime's own pool, scheduler and
 builder). The figure counts the prompt tokens each run computes in its prefill chunks, per
 prompt token served. With caching off that is 1 by construction; on, a request whose
 system prompt is cached starts its first chunk past it (DESIGN "Prefix caching").
@@ -20,9 +20,9 @@ from typing import Any
 from runtime.config import RuntimeConfig
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.messages import Progress
-from spyre_verify.serve_loop import ignore, serve
-from spyre_verify.sim import Sim
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.serve_loop import ignore, serve
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import Arrival
 
 SIZES: dict[str, Any] = {"block_size": 64, "max_model_len": 2048, "max_num_seqs": 8, "max_num_batched_tokens": 512}
 SYSTEM_PROMPTS = 3  # distinct system prompts the requests share

@@ -24,10 +24,10 @@ from runtime.events import DispatchEvent
 from spyre_verify.bench.engine import AS_CHECK, BARE, CHECKED, Lockstep, Rig, build_rigs
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure
 from spyre_verify.bench.overhead import all_judged, handler_us
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.defaults import CHECK_INTEGRITY_EVERY
 from spyre_verify.messages import Progress
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.workload import Arrival
 
 WIDE_TARGET, GROWTH_TARGET = 1.02, 1.5  # issue 28: always-on within 2% at realistic width; cost per row flat
 # A realistic width: hidden 1024 in 8 heads of 128, four layers, an MLP of 4x.

@@ -1,6 +1,6 @@
 """Benchmark figures that need no compiler: hunt throughput (2) and padding waste (6).
 
-Padding waste serves the workload on `spyre_verify.sim.Sim` (the runtime's own
+Padding waste serves the workload on `spyre_verify.serving.sim.Sim` (the runtime's own
 scheduler and builder, with stand-in tokens) through the one serve loop: a step's
 dispatch depends on token counts only, never on token values, so the buckets are the
 engine's.
@@ -21,9 +21,9 @@ from runtime.scheduler import StepPlan
 from spyre_verify.bench.figures import Figure, Plan, ratio_figure, spread
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders
-from spyre_verify.serve_loop import ignore, serve
-from spyre_verify.sim import Sim
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.serving.serve_loop import ignore, serve
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import Arrival, seeded_workload
 
 # Figure 6 uses the runtime's default config in every mode: it compiles nothing.
 WASTE_CONFIG = RuntimeConfig()

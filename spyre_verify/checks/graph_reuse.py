@@ -37,7 +37,7 @@ from spyre_verify.checks.describe import describe_batch, ordered
 from spyre_verify.checks.graph_truth import limit_findings, mislabel, shortfalls, wrong_graphs
 from spyre_verify.checks.stance import ControlResult, is_stance_error, run_control, serving_stance
 from spyre_verify.checks.violations import Checker, InvariantViolation
-from spyre_verify.declared import layers_of
+from spyre_verify.runtimes.declared import layers_of
 
 CONTRACT = "design_contract"
 # `serving_stance` is also read as `graph_reuse.serving_stance` by the plugin's graph_audit, and a test

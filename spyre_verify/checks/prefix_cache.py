@@ -31,7 +31,7 @@ from typing import Any
 from runtime.events import BlockTableEvent, CacheEvictEvent, CacheHitEvent, CacheRegisterEvent, KVWriteEvent
 from spyre_verify.checks.violations import Checker
 from spyre_verify.oracle.derive import prefix_caching
-from spyre_verify.protocol import layout_of
+from spyre_verify.runtimes.protocol import layout_of
 
 # A prefix of whole blocks: (its parent prefix, or None for the first block; the block's tokens).
 Prefix = tuple[Any, tuple[int, ...]]

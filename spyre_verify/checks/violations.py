@@ -42,7 +42,7 @@ class Checker:
     # The keys of `observed()` that must all be nonzero (or True) for the run to have given this
     # checker something to judge; empty: it judges whatever happened (a crash-free run passes it).
     judged_by: tuple[str, ...] = ()
-    # The protocol capabilities (`spyre_verify.protocol.CAPABILITIES`) this checker needs; on a
+    # The protocol capabilities (`spyre_verify.runtimes.protocol.CAPABILITIES`) this checker needs; on a
     # runtime without one of them it is not run, and says so.
     needs: frozenset[str] = frozenset()
     # The layouts (DESIGN "layout") whose rules this checker judges; on another it is not run.

@@ -33,13 +33,13 @@ from spyre_verify.report import (
     write_json,
 )
 from spyre_verify.runtimes import probe, probe_open
-from spyre_verify.workload import seeded_workload
+from spyre_verify.serving.workload import seeded_workload
 
 if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
     from runtime.config import RuntimeConfig
-    from spyre_verify.controls import KillRow
-    from spyre_verify.session import Progress, RunResult
-    from spyre_verify.workload import Item
+    from spyre_verify.faults.kill_table import KillRow
+    from spyre_verify.serving.session import Progress, RunResult
+    from spyre_verify.serving.workload import Item
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +107,7 @@ def serving_pass(
 ) -> PassOutcome:
     """A second run of traffic, without the control calls, in brief and timed. A plain function of
     picklable arguments, so a worker process can run it."""
-    from spyre_verify.session import verify
+    from spyre_verify.serving.session import verify
 
     t0 = time.perf_counter()
     result = verify(config, workload=work, controls=False, progress=progress, runtime=runtime)
@@ -125,7 +125,7 @@ def per_sequence_pass(
 def sibling_clean_pass(config: RuntimeConfig, work: list[Item], runtime: str) -> PassOutcome:
     """The kill table's clean run on its sibling config, under the fault runs' backend: a fault
     caught there counts only if the same checker is quiet without it."""
-    from spyre_verify.controls import CONTROL_BACKEND
+    from spyre_verify.faults.kill_table import CONTROL_BACKEND
 
     return serving_pass(config.with_(backend=CONTROL_BACKEND), work, runtime)
 
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 def plan_run(args: argparse.Namespace) -> tuple[Plan, Done]:
     """Config, runtime and catalog, each refused with one line before any work."""
     config = config_from_args(args)  # before the run's modules load torch: a bad value is answered at once
-    from spyre_verify.session import all_checkers, run_settings
+    from spyre_verify.serving.session import all_checkers, run_settings
 
     tune_process()  # before the probe: the runtime it builds is the main pass's, and allocates under it
     # A runtime that breaks the protocol stops here, before any work. Without --fault the probe builds
@@ -193,7 +193,7 @@ def plan_passes(
     args: argparse.Namespace, config: RuntimeConfig, rt: Any, checkers: list[Any] | None, opened: Any
 ) -> tuple[Plan, Done]:
     """The passes a probed runtime gets: its catalog, workloads and the kill table's config."""
-    from spyre_verify.controls import controls_config, fault_catalog
+    from spyre_verify.faults.kill_table import controls_config, fault_catalog
 
     catalog = fault_catalog(rt) if rt.bundled or rt.faults else {}
     if args.fault is not None and args.fault not in catalog:  # also SPYRE_VERIFY_FAULT, which argparse does not check
@@ -216,7 +216,7 @@ def plan_passes(
 def run_passes(plan: Plan, done: Done) -> None:
     """The main pass, the per-sequence pass and the kill table: beside one another in worker
     processes at a large config (each takes minutes there), one after another otherwise."""
-    from spyre_verify.controls import catalog_workers, foreign_workers, submit_faults, worker_pool
+    from spyre_verify.faults.kill_table import catalog_workers, foreign_workers, submit_faults, worker_pool
 
     rt, names = plan.rt, plan.names
     workers = (
@@ -240,8 +240,8 @@ def run_passes(plan: Plan, done: Done) -> None:
 
 
 def main_pass(plan: Plan, done: Done) -> None:
-    from spyre_verify.controls import run_fault
-    from spyre_verify.session import verify
+    from spyre_verify.faults.kill_table import run_fault
+    from spyre_verify.serving.session import verify
 
     args, rt = plan.args, plan.rt
     if args.fault:
@@ -268,7 +268,7 @@ def second_pass(plan: Plan, done: Done, beside: Any) -> None:
 
 
 def catalog_pass(plan: Plan, done: Done, pool: Any, pending: Any, sibling: Any, started: float) -> None:
-    from spyre_verify.controls import collect_rows, kill_table
+    from spyre_verify.faults.kill_table import collect_rows, kill_table
 
     say(f"fault catalog: {len(plan.catalog)} faults, each in a fresh compile state")
     if plan.why:
@@ -339,8 +339,8 @@ def finding_kind(text: str) -> str:
 
 def write_reproducer(out: Path, name: str, result: Any, target: str) -> dict[str, Any]:
     """`NAME-repro.json`: per finding, the calls of the main pass up to it, which `replay` re-issues
-    on a fresh runtime (`spyre_verify.tape`); the report keeps the file, and a command per finding."""
-    from spyre_verify.tape import KIND
+    on a fresh runtime (`spyre_verify.serving.tape`); the report keeps the file, and a command per finding."""
+    from spyre_verify.serving.tape import KIND
 
     found = result.tape.reproducers(result.checkers)
     path = out / f"{name}-repro.json"

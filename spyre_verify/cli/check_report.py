@@ -21,11 +21,11 @@ from spyre_verify.report import (
     md_title,
     table,
 )
-from spyre_verify.workload import tokens_rule
+from spyre_verify.serving.workload import tokens_rule
 
 if TYPE_CHECKING:  # the CLI answers a bad flag before the run's modules (and torch) load
-    from spyre_verify.controls import KillRow
-    from spyre_verify.session import RunResult
+    from spyre_verify.faults.kill_table import KillRow
+    from spyre_verify.serving.session import RunResult
 
 
 def summary_of(c: Checker) -> dict[str, Any]:

@@ -9,13 +9,13 @@ import json
 from spyre_verify import faults
 from spyre_verify.cli.args import MAX_REQUESTS, Count, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.controls import fault_catalog, run_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, CHECK_REQUESTS, tune_process
 from spyre_verify.errors import UsageError
+from spyre_verify.faults.kill_table import fault_catalog, run_catalog
 from spyre_verify.messages import say
 from spyre_verify.report import SCHEMA_VERSION, config_words, table
 from spyre_verify.runtimes import probe
-from spyre_verify.workload import seeded_workload
+from spyre_verify.serving.workload import seeded_workload
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -40,9 +40,9 @@ from spyre_verify.hunt.protocol_property import checkers_for
 from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_workers
 from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import say
-from spyre_verify.profiles import ENV, HUNT, get_settings
 from spyre_verify.report import DEFAULT_DIR, SCHEMA_VERSION, write_json
 from spyre_verify.runtimes import BUNDLED, BUNDLED_FACTORY, probe, resolve_name
+from spyre_verify.testing.profiles import ENV, HUNT, get_settings
 
 DEFAULT_DATABASE = Path(".hypothesis") / "hunt"
 MAX_WORKERS = 256  # processes, each a fresh interpreter

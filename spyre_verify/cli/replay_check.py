@@ -1,6 +1,6 @@
 """`spyre-verify replay NAME-repro.json --index N`: a `check` finding re-issued on a fresh runtime.
 
-The file is what `check` writes beside its report when it finds something (`spyre_verify.tape`):
+The file is what `check` writes beside its report when it finds something (`spyre_verify.serving.tape`):
 the runtime's factory, the config, and the main pass's calls. The runtime is built from the
 same factory and config with no fault, warmed up and watched by a fresh instance of the one
 checker that found it; the calls up to the finding are made again, the checker is finished,
@@ -25,11 +25,11 @@ from spyre_verify.report import SCHEMA_VERSION
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
     from spyre_verify.checks.crash import first_line
     from spyre_verify.checks.graph_reuse import counting_wrapper
-    from spyre_verify.protocol import layout_of
     from spyre_verify.report import config_of
     from spyre_verify.runtimes import open_runtime, settings_for
-    from spyre_verify.session import all_checkers
-    from spyre_verify.tape import replay
+    from spyre_verify.runtimes.protocol import layout_of
+    from spyre_verify.serving.session import all_checkers
+    from spyre_verify.serving.tape import replay
 
     found, calls = data.get("findings"), data.get("calls")
     if not isinstance(found, list) or not found or not isinstance(calls, list):
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
 
 def check_reproducer(report: Path) -> dict[str, Any] | None:
     """The contents of a `check` reproducer (`-repro.json`), or None for any other file."""
-    from spyre_verify.tape import KIND
+    from spyre_verify.serving.tape import KIND
 
     try:
         data = json.loads(report.read_text(encoding="utf-8"))

@@ -24,9 +24,9 @@ from spyre_verify.checks.crash import crash_report, tracebacks_of
 from spyre_verify.checks.violations import Violation
 from spyre_verify.cli.args import MAX_REQUESTS, Count, Seconds, seed
 from spyre_verify.cli.config import add_config_flags, config_from_args
-from spyre_verify.controls import fault_catalog
 from spyre_verify.defaults import CHECK_DEFAULTS, tune_process
 from spyre_verify.errors import Interrupted, UsageError
+from spyre_verify.faults.kill_table import fault_catalog
 from spyre_verify.messages import say
 from spyre_verify.report import (
     DEFAULT_DIR,
@@ -40,10 +40,10 @@ from spyre_verify.report import (
     write_json,
 )
 from spyre_verify.runtimes import probe
-from spyre_verify.soak_options import SPREAD, SoakOptions
+from spyre_verify.soak.options import SPREAD, SoakOptions
 
 if TYPE_CHECKING:  # the run's modules load torch: a bad flag is answered before they load
-    from spyre_verify.soak import SoakResult
+    from spyre_verify.soak.run import SoakResult
 
 FIRST_VIOLATIONS = 20  # a faulty run flags every step; the report keeps the first ones
 
@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # argparse keeps this 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     rt = probe(args.runtime, config)  # a runtime that breaks the protocol stops here, before any work
-    from spyre_verify.soak import SoakResult, soak
+    from spyre_verify.soak.run import SoakResult, soak
 
     opts = SoakOptions(args.requests, args.seed, args.sample, args.integrity_every, args.time_limit, args.fault)
     seams = Seams()

@@ -4,7 +4,7 @@ Each is a patch of the component it breaks, written the way a developer would wr
 style of `spyre_verify.faults.ragged`: a function returning a context manager that holds the bug
 while entered. The catalog (`faults/__init__.py`) registers them, for the ragged layout only and
 only where prefix caching is on and the fault can show (each entry's `inert` says why not). The
-edge scenarios (`spyre_verify.edges.prefix.prefix_edges`) make every one show on any config that has
+edge scenarios (`spyre_verify.serving.edges.prefix.prefix_edges`) make every one show on any config that has
 caching on, whatever the seeded workload happened to share:
 
 - `start_one_block_early` (`prefix-write-shared`): `RaggedScheduler._admit` recomputes the last

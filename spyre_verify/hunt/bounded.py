@@ -18,8 +18,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, ending_problem, groups, items_of, shape_of, traces
-from spyre_verify.serve_loop import DRAINED, Feed, ServeStats, aborts_judged_by, serve
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.serving.serve_loop import DRAINED, Feed, ServeStats, aborts_judged_by, serve
+from spyre_verify.serving.workload import Abort, Arrival
 
 EXAMPLES, SEED = 50, 0
 

@@ -1,4 +1,4 @@
-"""The hunt's protocol property: any runtime, seen only through `spyre_verify.protocol`.
+"""The hunt's protocol property: any runtime, seen only through `spyre_verify.runtimes.protocol`.
 
 The runtime is built once per hunt process (its own fault seeded through `Settings.fault`,
 backend eager unless `--backend` says otherwise), warmed up, and watched by the generic
@@ -27,8 +27,8 @@ from spyre_verify.defaults import tune_process
 from spyre_verify.hunt.findings import HARNESS_DIR, PROTOCOL, Finding
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_problem, groups, items_of, shape_of, traces
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
-from spyre_verify.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.serving.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
+from spyre_verify.serving.workload import Abort, Arrival
 
 if TYPE_CHECKING:  # the checkers load torch: `spyre-verify hunt` parses its flags before they load
     from spyre_verify.checks.output import OutputEquivalence

@@ -6,7 +6,7 @@ size) and crowds (as many concurrent requests as each batch rung, one fewer and 
 A trace is a few groups of five small integers, so Hypothesis shrinks it to a readable line
 or two; the hunt's protocol property (`protocol_property`) and the bounded hunt that `check`
 and `audit` run on a runtime without the DESIGN contract (`bounded`) both serve what is drawn
-here; crowd traffic (`spyre_verify.crowds`) reads ladders as they are read here. Never the bundled
+here; crowd traffic (`spyre_verify.serving.crowds`) reads ladders as they are read here. Never the bundled
 runtime's ladder functions: a trace must mean the same on any runtime.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from spyre_verify.hunt.strategies import ints
-from spyre_verify.traffic import prompt
-from spyre_verify.workload import Abort, Arrival, Item
+from spyre_verify.serving.traffic import prompt
+from spyre_verify.serving.workload import Abort, Arrival, Item
 
 MAX_GROUPS = 4  # arrival groups a trace; each group is one draw of five small integers
 # By the ending draw: (ignore_eos, steps after its arrival that each request is aborted, or None).

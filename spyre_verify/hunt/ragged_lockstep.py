@@ -10,7 +10,7 @@ dispatch order) and the requests that got a token; a difference names the model'
 step's token values, so it finds the hits DESIGN "Prefix caching" gives them.
 After every abort, the refusal (DESIGN ends exactly the live requests) and the same state.
 `step_differences` and `abort_differences` are the comparison alone, which the public state
-machine (`spyre_verify.stateful`) shares. Findings use the padded lockstep's kinds
+machine (`spyre_verify.testing.stateful`) shares. Findings use the padded lockstep's kinds
 ("divergence", "stall", ...) so one scheduling bug shrinks as one finding in either layout.
 """
 

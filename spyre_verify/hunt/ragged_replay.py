@@ -1,5 +1,5 @@
 """Replaying a hunt trace on a ragged config: the runtime's own `RaggedScheduler` and
-`RaggedBuilder` (through `spyre_verify.sim.Sim`, no tensors), with every kernel call of every
+`RaggedBuilder` (through `spyre_verify.serving.sim.Sim`, no tensors), with every kernel call of every
 step recorded (`RaggedPoint`) beside the pool's owners and shared blocks at dispatch, every
 prefix-cache hit, and every abort. Each add's prompt is `hunt.replay.add_prompt`'s: salted apart,
 except the blocks an add's `share` takes from an earlier add's prompt.
@@ -24,7 +24,7 @@ from spyre_verify.checks.ragged_calls import describe_runtime_call
 from spyre_verify.hunt.lockstep import abort_leak, abort_where, empty_pool_leak, gate_slip
 from spyre_verify.hunt.replay import AbortPoint, Op, abort_once, add_prompt
 from spyre_verify.oracle.ragged_model import add_refusal
-from spyre_verify.sim import STAND_IN, Sim
+from spyre_verify.serving.sim import STAND_IN, Sim
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Replaying a hunt trace: the events (`Op`), and `replay`, which drives a fresh scheduler and
-block pool (a `spyre_verify.sim.Sim`, no tensors) through them and records every dispatch
+block pool (a `spyre_verify.serving.sim.Sim`, no tensors) through them and records every dispatch
 (`StepPoint`), every abort (`AbortPoint`) and the end state (`BatchState`).
 
 The hunt's dispatch property replays every trace it draws with a `Watch` (the contract
@@ -22,7 +22,7 @@ from runtime.metadata import DecodeMetadata, MetadataBuilder, PrefillMetadata, S
 from runtime.ragged_scheduler import RaggedScheduler
 from runtime.scheduler import Scheduler, StepPlan
 from spyre_verify.oracle.results import prompt
-from spyre_verify.sim import STAND_IN, Sim, stand_ins
+from spyre_verify.serving.sim import STAND_IN, Sim, stand_ins
 
 # How an add's early stop is realised (`Op.via`): its `stop`-th stand-in token is STOP_TOKEN,
 # one of its stop_token_ids ("stop"); or the model's EOS ("eos"); or the EOS while the request

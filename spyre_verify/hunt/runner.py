@@ -23,7 +23,7 @@ from spyre_verify.hunt.protocol_property import PROTOCOL, ProtocolHunt
 from spyre_verify.hunt.quiet import quiet, quiet_gc
 from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.messages import Progress, say
-from spyre_verify.profiles import get_settings
+from spyre_verify.testing.profiles import get_settings
 
 Say = Progress
 

@@ -63,7 +63,7 @@ from spyre_verify.hunt.tape import BOOLS as BOOLS
 from spyre_verify.hunt.tape import Choices, Draw, choices
 from spyre_verify.hunt.tape import ints as ints
 from spyre_verify.oracle.derive import batch_tkv_limit, prefix_caching
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.workload import Arrival
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
 PADDED = ("padded",)

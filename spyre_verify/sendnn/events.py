@@ -1,4 +1,4 @@
-"""The protocol's events as the adapter sends them (fields as `spyre_verify.protocol.EVENTS`)."""
+"""The protocol's events as the adapter sends them (fields as `spyre_verify.runtimes.protocol.EVENTS`)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from runtime.bucketer import BATCHED, DECODE, PREFILL, Bucket
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.events import SERVING, EventBus
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 

@@ -7,8 +7,8 @@ import torch
 
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 # Six buckets (decode 1, 2; batched (2, 1) and (2, 2); prefill 4, 8) at ~5 s a graph. The suite's
 # one inductor run; keep it on tox's `audit` config: the graphs it compiles into the shared

@@ -5,10 +5,10 @@ equal the reference, and a prompt prefilled in three or more chunks."""
 from __future__ import annotations
 
 from runtime.config import RuntimeConfig
-from spyre_verify.edges import chunk_edges
-from spyre_verify.serve_loop import ignore, serve
-from spyre_verify.session import verify
-from spyre_verify.sim import Sim
+from spyre_verify.serving.edges import chunk_edges
+from spyre_verify.serving.serve_loop import ignore, serve
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.sim import Sim
 
 EMBEDDED = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 4, "num_blocks": 8}
 

@@ -19,8 +19,8 @@ import pytest
 
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, DecodeKey, PrefillKey
 from runtime.config import RuntimeConfig
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=32, max_num_seqs=4, backend="eager")
 

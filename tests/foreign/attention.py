@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from spyre_verify.protocol import BackendWrapper
+from spyre_verify.runtimes.protocol import BackendWrapper
 
 from .block_pool import NULL_BLOCK
 from .buckets import DECODE, PREFILL, Bucket, Bucketer

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 
 
 def _int(name: str, value: object, low: int) -> None:

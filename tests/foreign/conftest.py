@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign.buckets import Bucket
 from tests.foreign.engine import ForeignEngine, make
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from spyre_verify.protocol import BackendWrapper, Settings
+from spyre_verify.runtimes.protocol import BackendWrapper, Settings
 
 from . import events as ev
 from .announce import announce

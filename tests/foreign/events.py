@@ -1,4 +1,4 @@
-"""What the runtime tells observers: exactly the fields `spyre_verify.protocol.EVENTS` names.
+"""What the runtime tells observers: exactly the fields `spyre_verify.runtimes.protocol.EVENTS` names.
 
 An observer is any object with some `on_<kind>` methods; an event is built only when some
 observer has the method for its kind (`Bus.wants`), so an unobserved engine pays a lookup.

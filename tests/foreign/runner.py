@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._dynamo.backends.registry import lookup_backend
 
-from spyre_verify.protocol import BackendWrapper
+from spyre_verify.runtimes.protocol import BackendWrapper
 
 from .buckets import Bucket
 from .events import SERVING, Bus, Compile

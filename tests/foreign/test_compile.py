@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign.conftest import CountingWrapper, Warm, serve, workload
 from tests.foreign.engine import make
 

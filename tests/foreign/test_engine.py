@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from spyre_verify import protocol
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes import protocol
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign import events as ev
 from tests.foreign.conftest import Req, Served, Warm, serve, workload
 from tests.foreign.engine import make

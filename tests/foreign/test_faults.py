@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign.buckets import DECODE
 from tests.foreign.conftest import Req, serve, workload
 from tests.foreign.engine import ForeignEngine, make

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign.block_pool import NULL_BLOCK, BlockPool
 from tests.foreign.buckets import DECODE, PREFILL, Bucket, Bucketer, exponential, rung_up
 from tests.foreign.config import Config, ModelDims

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 
 LAYOUT = "ragged"
 DEFAULT_BUDGET = 8  # T when the harness sets none: small, so prompts are prefilled in several chunks

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 
 from . import events as ev
 from .attention import Control, PagedAttention

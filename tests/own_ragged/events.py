@@ -1,4 +1,4 @@
-"""What the runtime tells observers: the fields `spyre_verify.protocol.EVENTS` names for each kind.
+"""What the runtime tells observers: the fields `spyre_verify.runtimes.protocol.EVENTS` names for each kind.
 
 An observer is any object with some `on_<kind>` methods; only the handlers it has are called,
 and an event is built only when some observer has the handler for its kind (`Bus.wants`)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.own_ragged.buckets import Builder, Ladders, Reach, Seq, query_ladder
 from tests.own_ragged.config import Config, ConfigRefused
 from tests.own_ragged.engine import OwnRaggedEngine, make
@@ -260,7 +260,7 @@ def test_the_bug_free_runtime_passes_check_with_every_contract_check_run(
 def test_verify_with_kv_integrity_passes() -> None:
     """`session.verify` with padding-validity's KV integrity mode: the `kv_cache` capability judged too."""
     from runtime.config import RuntimeConfig
-    from spyre_verify.session import all_checkers, verify
+    from spyre_verify.serving.session import all_checkers, verify
 
     config = RuntimeConfig(block_size=2, max_model_len=8, max_num_seqs=4, backend="eager")
     result = verify(config, checkers=all_checkers(kv_integrity=True), controls=False, runtime=RUNTIME)

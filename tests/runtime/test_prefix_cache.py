@@ -13,7 +13,7 @@ from runtime.config import RuntimeConfig
 from runtime.engine import Engine
 from runtime.errors import ConfigError, OwnershipError
 from runtime.prefix_cache import block_hashes, chain_hash
-from spyre_verify.sim import Sim
+from spyre_verify.serving.sim import Sim
 
 
 def ragged(**kw: Any) -> RuntimeConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.config import RuntimeConfig
-from spyre_verify.sim import Sim
+from spyre_verify.serving.sim import Sim
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -17,7 +17,7 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.metadata import MetadataBuilder
 from runtime.scheduler import Scheduler, projected_peak
-from spyre_verify.sim import Sim
+from spyre_verify.serving.sim import Sim
 
 BS, L, S = 4, 16, 4
 

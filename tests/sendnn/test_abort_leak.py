@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from spyre_verify.protocol import Settings
 from spyre_verify.runtimes import open_runtime
+from spyre_verify.runtimes.protocol import Settings
 from spyre_verify.sendnn.faults import ABORT_FIX
 from tests.sendnn.helpers import SENDNN, SIZES, serve
 

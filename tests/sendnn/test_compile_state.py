@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from spyre_verify.protocol import Settings
 from spyre_verify.runtimes import open_runtime
+from spyre_verify.runtimes.protocol import Settings
 from tests.sendnn.helpers import SENDNN, SIZES
 
 

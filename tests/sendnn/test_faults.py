@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runtime.config import RuntimeConfig
-from spyre_verify.controls import KillRow, kill_table
+from spyre_verify.faults.kill_table import KillRow, kill_table
 from spyre_verify.sendnn.faults import CATALOG
 from tests.sendnn.helpers import SENDNN, changed_hooks
 

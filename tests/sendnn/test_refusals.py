@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings
 from spyre_verify.runtimes import RuntimeSpecError, open_runtime
+from spyre_verify.runtimes.protocol import Settings
 from spyre_verify.sendnn import boot, make
 from spyre_verify.sendnn.faults import ABORT_FIX, CATALOG, ENV_FIX
 from tests.sendnn.helpers import SENDNN, SIZES

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings, missing
 from spyre_verify.runtimes import open_runtime, resolve_name
+from spyre_verify.runtimes.protocol import Settings, missing
 from spyre_verify.sendnn import boot
 from tests.sendnn.helpers import SENDNN, changed_hooks, serve
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from spyre_verify.protocol import Settings
 from spyre_verify.runtimes import open_runtime
+from spyre_verify.runtimes.protocol import Settings
 from spyre_verify.sendnn.events import DECODE, PREFILL
 from tests.foreign.conftest import CountingWrapper, Recorder  # the harness's role, as the foreign tests play it
 from tests.sendnn.helpers import SENDNN, SIZES, serve

@@ -9,7 +9,7 @@ import torch
 
 from runtime.config import RuntimeConfig
 from spyre_verify.sendnn.faults import ABORT_FIX, ENV_FIX
-from spyre_verify.session import RunResult, verify
+from spyre_verify.serving.session import RunResult, verify
 from tests.sendnn.helpers import SENDNN
 
 CONFIG = RuntimeConfig(block_size=64, max_model_len=256, max_num_seqs=2, backend="eager")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from tests.foreign.block_pool import BlockPool
 from tests.foreign.config import Config
 from tests.foreign.engine import ForeignEngine

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from runtime.config import ModelDims, RuntimeConfig
 from runtime.errors import RequestError
 from runtime.scheduler import FINISH_REASONS, Request, StepPlan
-from spyre_verify.sim import Sim
+from spyre_verify.serving.sim import Sim
 
 EOS = 11
 CONFIG = RuntimeConfig(

@@ -21,11 +21,11 @@ from runtime.config import RuntimeConfig
 from spyre_verify import faults
 from spyre_verify.audit.report import markdown, payload
 from spyre_verify.audit.run import run_audit
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.cli.audit import pick_device
 from spyre_verify.cli.main import main
-from spyre_verify.traffic import Scenario, coverage_scenarios
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.traffic import Scenario, coverage_scenarios
+from spyre_verify.serving.workload import Arrival
 
 ENV_VARS = ("SPYRE_ATTN_KV_BUCKETS", "SPYRE_BATCHED_DECODE", "SPYRE_DYNAMO_BACKEND", "SPYRE_VERIFY_FAULT")
 # Eager goes through the same Dynamo guards as aot_eager, at half the compile cost.

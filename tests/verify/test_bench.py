@@ -24,16 +24,16 @@ from spyre_verify.bench.figures import TINY, Figure, Plan, closing
 from spyre_verify.bench.kernels import batched_figure, roofline_figure
 from spyre_verify.bench.overhead import overhead_figures, swapped
 from spyre_verify.bench.sched import plans, prefill_waste
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.graph_reuse import counting_wrapper
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.cli.main import main
 from spyre_verify.report import SCHEMA_VERSION, read_json
-from spyre_verify.serve_loop import serve_judged as engine_serve
-from spyre_verify.session import DispatchLog, always_on
-from spyre_verify.sim import Sim
-from spyre_verify.workload import seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.serve_loop import serve_judged as engine_serve
+from spyre_verify.serving.session import DispatchLog, always_on
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import seeded_workload
 
 IDS = ["1", "1b", "2", "3", "4", "5", "6", "7", "7b", "7c", "7d"]
 FIELDS = {

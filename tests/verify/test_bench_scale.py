@@ -23,12 +23,12 @@ from spyre_verify.bench import scale_check
 from spyre_verify.bench.figures import FIGURES, TINY, Plan
 from spyre_verify.bench.scale import SCALES, _growth, backlog
 from spyre_verify.bench.scale_check import check_figure, run_check
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.cli.bench import plan_from_args
 from spyre_verify.cli.main import main
-from spyre_verify.serve_loop import serve_judged as engine_serve
-from spyre_verify.workload import seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.serve_loop import serve_judged as engine_serve
+from spyre_verify.serving.workload import seeded_workload
 
 IDS = ["1c", "1d", "1e", "1e-mem", "8", "8b", "8c"]
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from spyre_verify import bundled
 from spyre_verify.cli import check as check_cli
 from spyre_verify.cli.main import main
+from spyre_verify.runtimes import bundled
 
 QUICK = ["check", "--no-controls", "--backend", "eager", "--requests", "6"]
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-import spyre_verify.controls
+import spyre_verify.faults.kill_table
 from spyre_verify import faults
 from spyre_verify.cli.main import build_parser, main
-from spyre_verify.controls import kill_table
+from spyre_verify.faults.kill_table import kill_table
 from spyre_verify.report import SCHEMA_VERSION
 from tests.verify.shared_runs import cli_once, once
 
@@ -62,7 +62,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str
             for name in ENV_VARS:
                 mp.delenv(name, raising=False)
             mp.setattr(
-                spyre_verify.controls,  # check imports it when it runs, not when it loads
+                spyre_verify.faults.kill_table,  # check imports it when it runs, not when it loads
                 "kill_table",
                 lambda c, w, progress=None, rows=None, **kw: kill_table(c, w, CONTROLS, progress, rows),
             )

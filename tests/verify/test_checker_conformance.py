@@ -13,9 +13,9 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.events import StateEvent
 from runtime.scheduler import Scheduler
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.workload import Arrival, seeded_workload
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 

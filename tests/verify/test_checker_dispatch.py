@@ -12,14 +12,14 @@ import pytest
 from runtime.bucketer import BATCHED, DECODE, BatchedKey, Bucket, DecodeKey
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.dispatch import DispatchCoverage, nearest_warm
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
 from spyre_verify.oracle.walk import reachable
-from spyre_verify.serve_loop import serve_judged as serve
-from spyre_verify.traffic import coverage_scenarios, run_scenario, step_limit
-from spyre_verify.workload import seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.serve_loop import serve_judged as serve
+from spyre_verify.serving.traffic import coverage_scenarios, run_scenario, step_limit
+from spyre_verify.serving.workload import seeded_workload
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 BATCH = BatchInfo(("req-3",), (10,), (1,), 10)

@@ -13,13 +13,13 @@ from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.events import Finished, FinishEvent, StateEvent
 from runtime.scheduler import Scheduler
-from spyre_verify import serve_loop
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.output import OutputEquivalence
-from spyre_verify.edges import abort_edges
 from spyre_verify.faults import CATALOG
-from spyre_verify.workload import Abort, Arrival, Item, seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving import serve_loop
+from spyre_verify.serving.edges import abort_edges
+from spyre_verify.serving.workload import Abort, Arrival, Item, seeded_workload
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 

@@ -9,9 +9,9 @@ from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from runtime.events import WARMUP, CompileEvent
 from runtime.warmup import Seams, warm_plan
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.exactness import WarmupExactness
 from spyre_verify.faults import CATALOG, dropped_bucket
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 # The main job's default config: 16 reachable buckets out of 31 candidates.
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")

@@ -13,12 +13,12 @@ from runtime import attention
 from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.paged_attention import PagedAttention
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.faults import CATALOG
 from spyre_verify.oracle.graph_keys import graph_bucket
-from spyre_verify.session import verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 # Two prefills, a batched decode, then per-sequence decodes once the short one ends.

@@ -16,13 +16,13 @@ from runtime.compiler import KernelRunner
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, WARMUP, BatchInfo, CompileEvent, DispatchEvent, StepEvent
 from runtime.warmup import Seams
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.control_calls import Control, control_scope, decode_control, prefill_md, stride_control
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
-from spyre_verify.session import verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 # Three rungs per ladder: the batched table [:2, :2] is a strided view of the [2, 3] staging

@@ -11,9 +11,9 @@ import torch
 from runtime.config import RuntimeConfig
 from runtime.engine import TokenEvent
 from runtime.events import DispatchEvent, KVWriteEvent
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.kv_integrity import Digests
 from spyre_verify.checks.padding import PaddingValidity
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 

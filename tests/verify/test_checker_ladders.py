@@ -12,10 +12,10 @@ from runtime.bucketer import BATCHED, DECODE, PREFILL, BatchedKey, Bucket, Decod
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, WARMUP, CompileEvent
 from runtime.metadata import MetadataBuilder
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.ladders import LadderAgreement, probe_builder, probe_shapes, warm_disagreements
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 

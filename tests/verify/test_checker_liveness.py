@@ -15,9 +15,9 @@ from runtime.config import RuntimeConfig
 from runtime.events import FinishEvent, RequestEvent, StepEvent
 from spyre_verify.checks.liveness import Liveness
 from spyre_verify.checks.violations import InvariantViolation
-from spyre_verify.protocol import missing
-from spyre_verify.session import all_checkers, verify
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.runtimes.protocol import missing
+from spyre_verify.serving.session import all_checkers, verify
+from spyre_verify.serving.workload import Abort, Arrival
 from tests.foreign.config import Config
 from tests.foreign.engine import ForeignEngine
 from tests.verify.reserving_runtime import ReservingEngine

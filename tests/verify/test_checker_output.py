@@ -10,9 +10,9 @@ from runtime.config import RuntimeConfig
 from runtime.engine import TokenEvent
 from runtime.scheduler import Request
 from runtime.warmup import Seams
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.faults import CATALOG
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 

@@ -14,13 +14,13 @@ from runtime.config import RuntimeConfig
 from runtime.events import BlockTableEvent, KVWriteEvent
 from runtime.warmup import Seams
 from spyre_verify import faults
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.padding_rules import block_table_problems, row_problems
 from spyre_verify.checks.violations import InvariantViolation
 from spyre_verify.faults import CATALOG
-from spyre_verify.session import verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")  # pool of 5 blocks
 BUCKET = Bucket(BATCHED, BatchedKey(4, 2, True, False))

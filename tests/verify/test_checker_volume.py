@@ -6,13 +6,13 @@ from __future__ import annotations
 from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, BatchInfo, DispatchEvent
-from spyre_verify import serve_loop
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.faults import CATALOG
-from spyre_verify.session import always_on
-from spyre_verify.workload import Arrival, seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving import serve_loop
+from spyre_verify.serving.session import always_on
+from spyre_verify.serving.workload import Arrival, seeded_workload
 
 BINDING = RuntimeConfig(
     block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=17, max_batch_tkv_limit=20, backend="eager"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import spyre_verify.audit.run
-import spyre_verify.controls
-import spyre_verify.session
-import spyre_verify.soak
+import spyre_verify.faults.kill_table
+import spyre_verify.serving.session
+import spyre_verify.soak.run
 from runtime.config import BACKENDS, RuntimeConfig
 from spyre_verify import faults
 from spyre_verify.cli import hunt as cmd_hunt
@@ -202,7 +202,7 @@ def interrupt(*args: object, **kwargs: object) -> Any:
 def test_ctrl_c_in_checks_first_pass_writes_a_partial_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(spyre_verify.session, "verify", interrupt)  # check imports it when it runs
+    monkeypatch.setattr(spyre_verify.serving.session, "verify", interrupt)  # check imports it when it runs
     code, out, err = run(["check", *TINY, "--out", str(tmp_path)], capsys)
     assert code == 130 and out == ""
     assert err.strip().splitlines()[-1] == f"spyre-verify check: interrupted; partial report in {tmp_path}/check.json"
@@ -214,13 +214,13 @@ def test_ctrl_c_in_checks_first_pass_writes_a_partial_report(
 def test_ctrl_c_in_the_fault_catalog_keeps_the_passes_and_faults_that_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real, calls = spyre_verify.controls.run_fault, []
+    real, calls = spyre_verify.faults.kill_table.run_fault, []
 
     def second_interrupts(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[1])
         return real(*args, **kwargs) if len(calls) == 1 else interrupt()
 
-    monkeypatch.setattr(spyre_verify.controls, "run_fault", second_interrupts)
+    monkeypatch.setattr(spyre_verify.faults.kill_table, "run_fault", second_interrupts)
     code, _, err = run(["check", *TINY, "--out", str(tmp_path)], capsys)
     assert code == 130 and err.strip().splitlines()[-1].startswith("spyre-verify check: interrupted; partial report")
     p = json.loads((tmp_path / "check.json").read_text())
@@ -232,7 +232,7 @@ def test_ctrl_c_in_the_fault_catalog_keeps_the_passes_and_faults_that_finished(
 def test_ctrl_c_while_soaking_writes_the_counts_so_far(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(spyre_verify.soak, "drive", interrupt)  # after warmup, at the first step
+    monkeypatch.setattr(spyre_verify.soak.run, "drive", interrupt)  # after warmup, at the first step
     argv = ["soak", "--max-model-len", "8", "--max-num-seqs", "2", "--backend", "eager", "--requests", "5"]
     code, _, err = run([*argv, "--out", str(tmp_path)], capsys)
     assert code == 130 and err.strip().splitlines()[-1].startswith("spyre-verify soak: interrupted; partial report")
@@ -244,7 +244,7 @@ def test_ctrl_c_while_soaking_writes_the_counts_so_far(
 def test_ctrl_c_before_the_soak_serves_still_marks_a_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(spyre_verify.soak, "soak", interrupt)  # the command imports it when it runs
+    monkeypatch.setattr(spyre_verify.soak.run, "soak", interrupt)  # the command imports it when it runs
     assert run(["soak", "--out", str(tmp_path)], capsys)[0] == 130
     p = json.loads((tmp_path / "soak.json").read_text())
     assert p["interrupted"] is True and "during warmup" in p["error"] and p["config"]["block_size"] == 4

@@ -17,8 +17,8 @@ from spyre_verify.oracle import closed_form, walk
 from spyre_verify.oracle.derive import ceil_div, decode_key, ladders, prefill_key
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.oracle.results import CLOSED_FORM, Action
-from spyre_verify.sim import Sim
-from spyre_verify.traffic import arrivals, drive, step_limit
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.traffic import arrivals, drive, step_limit
 
 # The longest max_model_len walked for each max_num_seqs: the walk grows about as L**(2*S).
 MAX_LEN = {1: 12, 2: 12, 3: 9, 4: 7}

@@ -19,8 +19,8 @@ from spyre_verify.oracle.ragged_walk import RaggedAction
 from spyre_verify.oracle.ragged_witness import Geometry
 from spyre_verify.oracle.results import CLOSED_FORM
 from spyre_verify.oracle.walk import reachable as walked
-from spyre_verify.traffic import arrivals
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.serving.traffic import arrivals
+from spyre_verify.serving.workload import Abort, Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:

@@ -5,10 +5,10 @@ expected value derives from the config the harness built, not from the runtime's
 from __future__ import annotations
 
 from runtime.config import RuntimeConfig
-from spyre_verify.bundled import BundledRuntime
-from spyre_verify.protocol import Settings
-from spyre_verify.session import RunResult, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.runtimes.protocol import Settings
+from spyre_verify.serving.session import RunResult, verify
+from spyre_verify.serving.workload import Arrival
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")  # a pool of 9
 HERE = "tests.verify.test_config_echo"
@@ -30,7 +30,7 @@ def mismatches(result: RunResult) -> list[str]:
 
 
 def test_a_runtime_built_as_asked_is_quiet() -> None:
-    result = run("spyre_verify.bundled:make")
+    result = run("spyre_verify.runtimes.bundled:make")
     assert mismatches(result) == [] and result.ok
 
 

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from runtime.config import BACKENDS, ENV_BACKEND, ENV_BATCHED_DECODE, ENV_KV_BUCKETS, RuntimeConfig
 from runtime.errors import ConfigError
-from spyre_verify import profiles
 from spyre_verify.cli import ladders
 from spyre_verify.cli.main import main
 from spyre_verify.oracle.walk import closed
+from spyre_verify.testing import profiles
 
 ENV_NAMES = (ENV_KV_BUCKETS, ENV_BATCHED_DECODE, ENV_BACKEND)
 INT_FLAGS = ("block_size", "max_model_len", "max_num_seqs", "num_blocks")

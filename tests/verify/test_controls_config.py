@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-import spyre_verify.controls
+import spyre_verify.faults.kill_table
 from runtime.config import RuntimeConfig
 from spyre_verify.cli.main import main
-from spyre_verify.controls import CONTROLS_MAX_MODEL_LEN, controls_config, kill_table
-from spyre_verify.workload import Arrival
+from spyre_verify.faults.kill_table import CONTROLS_MAX_MODEL_LEN, controls_config, kill_table
+from spyre_verify.serving.workload import Arrival
 
 LARGE = RuntimeConfig(block_size=64, max_model_len=8192, max_num_seqs=32)
 
@@ -48,8 +48,8 @@ def test_check_runs_the_catalog_at_the_cap_and_reports_it(
         seen.append((c, max(len(a.prompt) for a in w if isinstance(a, Arrival))))
         return kill_table(c, w, ["mask-leak"], progress, rows)
 
-    monkeypatch.setattr(spyre_verify.controls, "CONTROLS_MAX_MODEL_LEN", 8)
-    monkeypatch.setattr(spyre_verify.controls, "kill_table", table)
+    monkeypatch.setattr(spyre_verify.faults.kill_table, "CONTROLS_MAX_MODEL_LEN", 8)
+    monkeypatch.setattr(spyre_verify.faults.kill_table, "kill_table", table)
     flags = ["--block-size", "4", "--max-model-len", "16", "--max-num-seqs", "2", "--backend", "eager"]
     code = main(["check", *flags, "--requests", "6", "--out", str(tmp_path), "--json"])
     report = json.loads(capsys.readouterr().out)

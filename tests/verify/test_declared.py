@@ -10,7 +10,7 @@ import pytest
 from runtime.config import RuntimeConfig
 from runtime.keys import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
 from spyre_verify.checks.counting import Short
-from spyre_verify.declared import (
+from spyre_verify.runtimes.declared import (
     DeclarationError,
     Declared,
     as_bucket,

@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from runtime.config import RuntimeConfig
-from spyre_verify.protocol import Settings
-from spyre_verify.session import RunResult, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.protocol import Settings
+from spyre_verify.serving.session import RunResult, verify
+from spyre_verify.serving.workload import Arrival
 from tests.foreign import events as ev
 from tests.foreign.config import Config
 from tests.foreign.engine import ForeignEngine

@@ -17,15 +17,15 @@ import torch
 
 from runtime.config import RuntimeConfig
 from runtime.engine import Engine
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.hunt.config import check_config
 from spyre_verify.oracle import derive
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.oracle.walk import space
-from spyre_verify.session import verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.workload import Arrival
 
 # The default pool (num_blocks unset): 2 * ceil(16 / 4) + 1 = 9 blocks, 8 usable.
 DEFAULT_POOL = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")

@@ -16,16 +16,16 @@ import pytest
 
 from runtime.config import ModelDims, RuntimeConfig
 from runtime.scheduler import Scheduler
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.liveness import Liveness
 from spyre_verify.checks.violations import Checker
 from spyre_verify.cli.check_report import edge_row
 from spyre_verify.cli.main import main
-from spyre_verify.edges import EdgeRules, EdgeRun, ending_breach, fitting_tokens, next_id, protocol_edges
-from spyre_verify.edges.prefix import PREFIX_NAMES
-from spyre_verify.protocol import Settings
-from spyre_verify.session import RunResult, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.runtimes.protocol import Settings
+from spyre_verify.serving.edges import EdgeRules, EdgeRun, ending_breach, fitting_tokens, next_id, protocol_edges
+from spyre_verify.serving.edges.prefix import PREFIX_NAMES
+from spyre_verify.serving.session import RunResult, verify
+from spyre_verify.serving.workload import Arrival
 from tests.foreign.engine import ForeignEngine, make
 from tests.foreign.sequence import Sequence
 

@@ -17,8 +17,8 @@ from runtime.metadata import MetadataBuilder, SeqState
 from runtime.warmup import Seams, warm_plan
 from spyre_verify import faults
 from spyre_verify.faults import CATALOG
-from spyre_verify.session import all_checkers
-from spyre_verify.workload import seeded_workload
+from spyre_verify.serving.session import all_checkers
+from spyre_verify.serving.workload import seeded_workload
 
 CHECK = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 REQUIRED = {
@@ -122,7 +122,7 @@ def test_unknown_fault_is_a_value_error_listing_the_catalog() -> None:
 
 
 def test_the_kill_table_runs_in_worker_processes_and_keeps_catalog_order() -> None:
-    from spyre_verify.controls import catalog_workers, kill_table
+    from spyre_verify.faults.kill_table import catalog_workers, kill_table
 
     tiny = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
     names = ["mask-leak", "live-block-padding"]

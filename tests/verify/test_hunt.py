@@ -19,7 +19,7 @@ from runtime.config import RuntimeConfig
 from runtime.errors import ConfigError
 from runtime.scheduler import Scheduler
 from runtime.warmup import warm_plan
-from spyre_verify import faults, profiles
+from spyre_verify import faults
 from spyre_verify.checks.padding_rules import block_table_problems
 from spyre_verify.cli.main import main
 from spyre_verify.cli.replay import op_of
@@ -29,6 +29,7 @@ from spyre_verify.hunt.runner import HuntPlan, PropertyRun, merge, run_hunt, run
 from spyre_verify.hunt.strategies import Op, batch_states, configs, replay, workloads
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.derive import decode_key, ladders, prefill_key
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

@@ -22,7 +22,7 @@ import torch
 
 from runtime import limits
 from runtime.config import RuntimeConfig
-from spyre_verify import faults, profiles
+from spyre_verify import faults
 from spyre_verify.checks import graph_truth
 from spyre_verify.hunt import startup
 from spyre_verify.hunt.cases import walk_config
@@ -38,6 +38,7 @@ from spyre_verify.hunt.strategies import LAYOUTS
 from spyre_verify.hunt.tape import Tape
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.graph_keys import warm_graphs
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

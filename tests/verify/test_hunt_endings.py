@@ -15,7 +15,6 @@ from runtime.block_pool import BlockPool
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.scheduler import Request, Scheduler
-from spyre_verify import profiles
 from spyre_verify.cli.main import main
 from spyre_verify.cli.replay import finding_of, op_of, rerun
 from spyre_verify.hunt import properties as hunt
@@ -26,6 +25,7 @@ from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.hunt.strategies import Op, replay
 from spyre_verify.oracle.model import ContractModel
 from spyre_verify.oracle.walk import Action
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

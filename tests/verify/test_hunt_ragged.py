@@ -15,7 +15,6 @@ import pytest
 from runtime.bucketer import AttendKey, Bucket
 from runtime.config import RuntimeConfig
 from runtime.ragged_metadata import AttendMetadata, Call, RaggedBuilder, RaggedSeq
-from spyre_verify import profiles
 from spyre_verify.cli.main import main
 from spyre_verify.hunt import cases
 from spyre_verify.hunt.properties import check_ladders, check_trace, check_warmup
@@ -25,6 +24,7 @@ from spyre_verify.hunt.strategies import LAYOUTS, PADDED, Op, draw_config
 from spyre_verify.hunt.tape import Tape
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.derive import ladders
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

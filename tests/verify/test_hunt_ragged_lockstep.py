@@ -11,10 +11,10 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
-from spyre_verify import profiles
 from spyre_verify.hunt.properties import PROPERTIES, check_trace
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.hunt.strategies import Op
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

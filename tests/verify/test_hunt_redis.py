@@ -24,12 +24,12 @@ from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.extra.redis import RedisExampleDatabase
 
-from spyre_verify import profiles
 from spyre_verify.cli import hunt as hunt_cli
 from spyre_verify.cli.main import build_parser, main
 from spyre_verify.hunt.database import RedisURL, check_database, is_url, open_database, parse_url
 from spyre_verify.hunt.runner import HuntPlan, hunt_settings
 from spyre_verify.pytest_plugin import HUNT_DATABASE_ENV, hunt_database
+from spyre_verify.testing import profiles
 
 
 def redis_server() -> str | None:

@@ -20,8 +20,8 @@ from spyre_verify.cli.config import config_from_args
 from spyre_verify.cli.main import main
 from spyre_verify.hunt.protocol_property import ProtocolHunt, checkers_for
 from spyre_verify.hunt.protocol_trace import Group, groups, items_of, ladder_unit, shape_of
-from spyre_verify.protocol import Settings
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.runtimes.protocol import Settings
+from spyre_verify.serving.workload import Abort, Arrival
 from tests.foreign.config import Config
 from tests.foreign.engine import ForeignEngine
 

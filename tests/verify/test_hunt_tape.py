@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spyre_verify import profiles
 from spyre_verify.cli.hunt import OBSERVES
 from spyre_verify.faults import CATALOG
 from spyre_verify.hunt import cases, strategies
@@ -20,6 +19,7 @@ from spyre_verify.hunt.replay import Op
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.hunt.strategies import draw_config, draw_ops
 from spyre_verify.hunt.tape import CONFIG_PLAIN, TRACE_PLAIN, Drawn, Tape, choices
+from spyre_verify.testing import profiles
 
 pytestmark = pytest.mark.hunt
 

@@ -10,8 +10,8 @@ import pytest
 
 from spyre_verify.checks.violations import NO_LAYOUT, Checker
 from spyre_verify.checks.volume import VolumeLimit
-from spyre_verify.protocol import CAPABILITIES, layout_of
-from spyre_verify.session import all_checkers
+from spyre_verify.runtimes.protocol import CAPABILITIES, layout_of
+from spyre_verify.serving.session import all_checkers
 
 # What a runtime off DESIGN's layouts can offer: every capability but the contract.
 OFF_CONTRACT = frozenset(CAPABILITIES) - {"design_contract"}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import runtime.engine
-import spyre_verify.bundled
+import spyre_verify.runtimes.bundled
 from runtime.bucketer import BATCHED, DECODE, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
 from spyre_verify.checks.dispatch import DispatchCoverage
@@ -20,8 +20,8 @@ from spyre_verify.checks.violations import NOT_OBSERVED, Checker
 from spyre_verify.checks.volume import VolumeLimit
 from spyre_verify.cli.check import verdict_line
 from spyre_verify.cli.check_report import payload
-from spyre_verify.session import ALWAYS_ON, always_on, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.session import ALWAYS_ON, always_on, verify
+from spyre_verify.serving.workload import Arrival
 
 # L * S = 32: no decode of this config can attend more, so the default limit cannot bind.
 LOOSE = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
@@ -145,7 +145,7 @@ def test_a_dispatch_without_its_block_table_is_a_missing_event(monkeypatch: pyte
 def test_a_contract_runtime_whose_null_block_is_not_designs_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
     # The runtime says its null block is 1 while padding with block 0: the claim is flagged, and
     # the tables are judged against DESIGN's block 0, so nothing else is.
-    monkeypatch.setattr(spyre_verify.bundled, "NULL_BLOCK", 1)
+    monkeypatch.setattr(spyre_verify.runtimes.bundled, "NULL_BLOCK", 1)
     result = verify(BINDING, workload=WORK, checkers=[PaddingValidity()], controls=False, coverage=False)
     [v] = result.checker("padding-validity").violations
     assert v.kind == "wrong-null-block" and "null_block is 1, but DESIGN reserves block 0" in v.message

@@ -361,8 +361,8 @@ SEEDED = "a seeded fault is the runtime's own code rewritten: the faulty builder
 PROBE = "the builder probe: the bucket the runtime's builder picks is the actual side, held to the oracle's key"
 ALLOWED: dict[str, str] = {
     # progress messages: how many graphs the runtime is about to compile, said to the user
-    "session.py: warm: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
-    "soak.py: soak: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
+    "serving/session.py: warm: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
+    "soak/run.py: soak: engine.warm_plan()": "progress message: the count of graphs the runtime says it will compile",
     "bench/engine.py: build_rigs: engine.warm_plan()": "progress message: the count of graphs the runtime says it "
     "will compile",
     # the runtime's plan or builder as the actual side, or exercised as it planned
@@ -383,14 +383,14 @@ ALLOWED: dict[str, str] = {
     "hunt/world.py: world: warm_plan()": "the runtime's warm set is the actual side: a dispatch outside it is the "
     "stall the hunt looks for; the expected key comes from derive",
     "hunt/replay.py: _builder: SpyreAttnBucketer": "replay builds the runtime's own builder, the system under test",
-    "stateful.py: SchedulerMachine.setup: warm_plan()": "the runtime's warm set is the actual side: a dispatch "
+    "testing/stateful.py: SchedulerMachine.setup: warm_plan()": "the runtime's warm set is the actual side: a dispatch "
     "outside it is the stall the state machine looks for; the expected key comes from derive",
     "hunt/startup.py: engine_limits: SpyreAttnBucketer": "the limits the engine sets, computed as `Engine.__init__` "
     "does: the actual side, held to the oracle's graph bounds and graph reuse's rule",
     "hunt/startup.py: engine_limits: SpyreAttnBucketer(c).candidates()": "as above: the bucketer's candidate count is "
     "what the engine sizes its limits from",
-    "sim.py: Sim.__init__: SpyreAttnBucketer": "the sim builds the runtime's own builder on its own bucketer",
-    "sim.py: Sim.__init__: config.total_blocks": "the sim is the runtime's own scheduler without tensors: its pool is "
+    "serving/sim.py: Sim.__init__: SpyreAttnBucketer": "the sim builds the runtime's own builder on its own bucketer",
+    "serving/sim.py: Sim.__init__: config.total_blocks": "the sim is the runtime's own scheduler without tensors: its pool is "
     "the runtime's, as the engine builds it",
     "cli/ladders.py: exactness: SpyreAttnBucketer": "ladders builds the runtime's bucketer to judge its warm set",
     "cli/ladders.py: exactness: b.warm_set()": "ladders judges the runtime's warm set: it is the actual side, held to "
@@ -406,16 +406,16 @@ ALLOWED: dict[str, str] = {
     "it does",
     "audit/run.py: _pruned: engine.bucketer.pruned()": "the bundled bucketer's pruning reasons, shown in the audit "
     "report, never judged",
-    "crowds.py: token_rungs: runtime.ladders()": "traffic, not an expected answer: the crowds also enter every rung "
+    "serving/crowds.py: token_rungs: runtime.ladders()": "traffic, not an expected answer: the crowds also enter every rung "
     "the runtime announces, beside DESIGN's, so a runtime's own extra rung gets served too",
     "hunt/protocol_trace.py: shape_of: runtime.ladders()": "the protocol hunt of a foreign runtime, which has no "
     "oracle: its own ladders only pick lengths near its edges to send as traffic",
     # the runtime's protocol face: the bundled runtime answers for itself
-    "bundled.py: BundledRuntime.warm_plan: self.recorder.plan()": "the runtime's own protocol answer (warm_plan), "
+    "runtimes/bundled.py: BundledRuntime.warm_plan: self.recorder.plan()": "the runtime's own protocol answer (warm_plan), "
     "the actual side",
-    "bundled.py: BundledRuntime.ladders: self.bucketer.ladders()": "the runtime's own protocol answer (ladders), "
+    "runtimes/bundled.py: BundledRuntime.ladders: self.bucketer.ladders()": "the runtime's own protocol answer (ladders), "
     "the actual side",
-    "declared.py: Declared.warm_plan: self._runtime.warm_plan()": "the plain form, translated: the oracle's bucket "
+    "runtimes/declared.py: Declared.warm_plan: self._runtime.warm_plan()": "the plain form, translated: the oracle's bucket "
     "for each the runtime planned, so that preflight calls get the runtime's own tuple back",
     # shown beside the oracle, never judged
     "report.py: config_payload: c.total_blocks": "a report field: the pool the runtime says it runs with, shown as "
@@ -424,11 +424,11 @@ ALLOWED: dict[str, str] = {
     "shown as its config",
     "report.py: config_payload: c.decode_entries": "a report field, as above",
     "report.py: config_payload: c.batched_from": "a report field, as above",
-    "controls.py: run_config: config.token_budget": "a fault row's config as the row names it: shown, never judged",
+    "faults/kill_table.py: run_config: config.token_budget": "a fault row's config as the row names it: shown, never judged",
     "bench/overhead.py: overhead_figures: config.total_blocks": "a bench settings field: the pool the benchmarked "
     "engine runs with",
     "cli/soak.py: payload: r.usable_blocks": "soak's own result field, shown in its report",
-    "soak.py: audit_blocks: result.usable_blocks": "soak's own result field, read from the pool it observed, not the "
+    "soak/run.py: audit_blocks: result.usable_blocks": "soak's own result field, read from the pool it observed, not the "
     "config",
     "cli/ladders.py: ladders_payload: SpyreAttnBucketer": PRINTS,
     "cli/ladders.py: ladders_payload: b.ladders()": PRINTS,

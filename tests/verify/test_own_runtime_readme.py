@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from spyre_verify import crowds
 from spyre_verify.cli.main import main
 from spyre_verify.runtimes import ENV_RUNTIME
+from spyre_verify.serving import crowds
 from tests.verify.shared_runs import cli_once
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ import torch
 
 from runtime.bucketer import PREFILL, Bucket, PrefillKey
 from runtime.events import SERVING, BatchInfo, BlockTableEvent, DispatchEvent, KVWriteEvent, StepEvent
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.padding import PaddingValidity
-from spyre_verify.protocol import CAPABILITIES, missing
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.runtimes.protocol import CAPABILITIES, missing
 
 BS = 4  # block size; a pool of 4 blocks: 0 the null block (and the sink), r1 holds 1, r2 holds 2, 3 is free
 OWNERS = {1: "r1", 2: "r2"}

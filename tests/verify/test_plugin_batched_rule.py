@@ -13,7 +13,7 @@ import pytest
 # longer uses (a seeded fault that silently does nothing).
 import runtime.engine  # noqa: F401
 import spyre_verify.faults
-import spyre_verify.session  # noqa: F401
+import spyre_verify.serving.session  # noqa: F401
 import tests.own_ragged.engine  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from runtime.bucketer import PREFILL
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent, StepEvent
-from spyre_verify import profiles
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.oracle.reference import generate
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.testing import profiles
 
 # 4 usable blocks: one max_model_len request fills the pool, two short ones already compete.
 TIGHT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=5, backend="eager")

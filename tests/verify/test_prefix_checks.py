@@ -30,7 +30,6 @@ from runtime.errors import OwnershipError
 from runtime.events import CacheRegisterEvent, FinishEvent, KVWriteEvent
 from runtime.prefix_cache import block_hashes
 from runtime.ragged_scheduler import RaggedScheduler
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.echo import RequestEcho
 from spyre_verify.checks.liveness import Liveness
 from spyre_verify.checks.output import OutputEquivalence
@@ -39,8 +38,9 @@ from spyre_verify.checks.padding_rules import ragged_row_holds, ragged_row_probl
 from spyre_verify.checks.prefix_cache import Books, PrefixCache
 from spyre_verify.checks.violations import Checker
 from spyre_verify.cli.check_report import payload
-from spyre_verify.session import verify
-from spyre_verify.workload import Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.workload import Arrival
 
 CACHED = RuntimeConfig(
     layout="ragged", block_size=2, max_model_len=16, max_num_seqs=2, max_num_batched_tokens=4, backend="eager"

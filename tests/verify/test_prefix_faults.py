@@ -16,15 +16,16 @@ from types import SimpleNamespace
 import pytest
 
 from runtime.config import RuntimeConfig
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.conformance import ContractConformance
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.prefix_cache import PrefixCache
 from spyre_verify.checks.violations import Checker
 from spyre_verify.cli.check_report import edge_row
-from spyre_verify.edges import Edge, EdgeRun, serve_edges
-from spyre_verify.edges.prefix import (
+from spyre_verify.faults import CATALOG, catalog_for, not_applicable
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.serving.edges import Edge, EdgeRun, serve_edges
+from spyre_verify.serving.edges.prefix import (
     MOST_FILLERS,
     PREFIX_NAMES,
     Fresh,
@@ -33,8 +34,7 @@ from spyre_verify.edges.prefix import (
     sizes,
     while_running_plan,
 )
-from spyre_verify.faults import CATALOG, catalog_for, not_applicable
-from spyre_verify.tape import Taped
+from spyre_verify.serving.tape import Taped
 
 # Block size 2, max_model_len 16, the default pool (S * 8 + 1 blocks), explicit budgets.
 TINY = RuntimeConfig(

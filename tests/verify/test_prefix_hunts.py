@@ -1,7 +1,7 @@
 """Prefix caching in the hunts and the state machine: the strategies draw adds that share prompt
 prefixes (and shrink them away), the ragged hunt's lockstep hands the model the prompts and token
 values and judges each admission's cache hit, and a scheduler whose lookup is wrong is named by
-rule "hit" there and in the public state machine (`spyre_verify.stateful`)."""
+rule "hit" there and in the public state machine (`spyre_verify.testing.stateful`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from runtime.prefix_cache import lookup
 from runtime.ragged_metadata import RaggedBuilder
 from runtime.ragged_scheduler import RaggedScheduler
 from runtime.scheduler import Admission
-from spyre_verify import profiles
 from spyre_verify.cli.hunt import payload, text
 from spyre_verify.cli.replay import finding_of
 from spyre_verify.faults.prefix import uncapped_lookup
@@ -32,7 +31,8 @@ from spyre_verify.hunt.ragged_replay import RaggedState, replay_ragged
 from spyre_verify.hunt.replay import Op
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.hunt.world import world
-from spyre_verify.stateful import SchedulerMachine
+from spyre_verify.testing import profiles
+from spyre_verify.testing.stateful import SchedulerMachine
 
 CONFIG = RuntimeConfig(block_size=2, max_model_len=12, max_num_seqs=2, backend="eager", layout="ragged")
 

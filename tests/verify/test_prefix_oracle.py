@@ -24,8 +24,8 @@ from spyre_verify.oracle.ragged_walk import RaggedAction
 from spyre_verify.oracle.ragged_witness import replay
 from spyre_verify.oracle.results import witnessed
 from spyre_verify.oracle.walk import walked
-from spyre_verify.traffic import arrivals, prompt
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.traffic import arrivals, prompt
+from spyre_verify.serving.workload import Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:

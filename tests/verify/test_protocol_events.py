@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spyre_verify.protocol import EVENTS
+from spyre_verify.runtimes.protocol import EVENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 EMIT = re.compile(r"""\bemit\(\s*["']([a-z_]+)["']""")

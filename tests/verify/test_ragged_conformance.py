@@ -15,8 +15,8 @@ from runtime.errors import RequestError
 from runtime.events import StateEvent
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import Request
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.conformance import ContractConformance
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 # T = 6 with up to 3 rows decoding: a 20-token prompt takes 4 or more chunks.
 CONFIG = RuntimeConfig(

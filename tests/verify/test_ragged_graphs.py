@@ -14,9 +14,9 @@ from runtime import attention
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey
 from runtime.config import RuntimeConfig
 from runtime.ragged_attention import RaggedAttention
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.oracle.graph_keys import graph_bucket
+from spyre_verify.runtimes.bundled import BundledRuntime
 
 SMALL = RuntimeConfig(
     layout="ragged",

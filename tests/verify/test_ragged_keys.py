@@ -17,12 +17,12 @@ from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket, ChunkedKey, Spy
 from runtime.config import RuntimeConfig
 from runtime.events import SERVING, BatchInfo, DispatchEvent
 from runtime.ragged_metadata import RaggedBuilder
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.checks.ladders import LadderAgreement, probe_builder
 from spyre_verify.checks.ragged_calls import call_key, describe_call
 from spyre_verify.faults import ragged as ragged_faults
 from spyre_verify.oracle.derive import ladders
+from spyre_verify.runtimes.bundled import BundledRuntime
 
 RAGGED = RuntimeConfig(
     layout="ragged",

@@ -16,8 +16,8 @@ from spyre_verify.oracle import accept, derive, ragged_walk
 from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.oracle.results import sample
 from spyre_verify.oracle.walk import reachable
-from spyre_verify.traffic import arrivals
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.serving.traffic import arrivals
+from spyre_verify.serving.workload import Abort, Arrival
 
 
 def ragged(**kw: Any) -> RuntimeConfig:

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-import spyre_verify.bundled
+import spyre_verify.runtimes.bundled
 from runtime.block_pool import NULL_BLOCK
 from runtime.bucketer import ATTEND, CHUNKED, AttendKey, Bucket
 from runtime.config import RuntimeConfig
 from runtime.events import BlockTableEvent, RowState, StateEvent
 from runtime.ragged_attention import RaggedAttention
 from runtime.ragged_metadata import AttendMetadata, Call, ChunkedMetadata, RaggedBuilder, RaggedSeq
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.padding_rules import ragged_table_problems
 from spyre_verify.faults.ragged_kv import chunk_offset_ignored
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
 
 # T = 8 with up to 3 rows decoding: prompts of 20-30 tokens take 3 to 6 chunks. E = 2 walks a
 # chunked table one block a chunk, so it has several chunks; 3 rows of 4 leave a padded row.
@@ -247,7 +247,7 @@ def test_a_ragged_dispatch_without_its_block_table_is_a_missing_event() -> None:
 
 
 def test_a_ragged_runtime_whose_null_block_is_not_designs_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spyre_verify.bundled, "NULL_BLOCK", 1)
+    monkeypatch.setattr(spyre_verify.runtimes.bundled, "NULL_BLOCK", 1)
     checker = PaddingValidity()
     checker.attach(Engine(RAGGED))
     [v] = checker.violations

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from spyre_verify import crowds
 from spyre_verify.cli.main import main
 from spyre_verify.runtimes import ENV_RUNTIME
+from spyre_verify.serving import crowds
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## A whole runtime in 30 lines"
@@ -68,7 +68,7 @@ def test_the_example_runtime_is_caught_and_passes_without_its_bug(
 
 
 def test_every_capability_of_the_protocol_is_in_the_readme_table() -> None:
-    from spyre_verify.protocol import CAPABILITIES
+    from spyre_verify.runtimes.protocol import CAPABILITIES
 
     text = (ROOT / "README.md").read_text()
     missing = [cap for cap in CAPABILITIES if f"\n| `{cap}` |" not in text]

@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime.config import RuntimeConfig
 from spyre_verify.cli.check import verdict_line
-from spyre_verify.controls import run_config
+from spyre_verify.faults.kill_table import run_config
 from spyre_verify.report import config_of, config_payload, layout_words
 
 RAGGED = RuntimeConfig(layout="ragged", block_size=4, max_model_len=16, max_num_seqs=4, backend="eager")

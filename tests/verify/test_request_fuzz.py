@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
-from spyre_verify import profiles
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.reference import generate
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.testing import profiles
 
 CONFIG = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=2, backend="eager")
 VOCAB, BS, L = CONFIG.model.vocab_size, CONFIG.block_size, CONFIG.max_model_len

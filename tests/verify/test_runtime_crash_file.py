@@ -14,7 +14,7 @@ from spyre_verify.cli.main import main
 from spyre_verify.runtimes import ENV_RUNTIME
 
 USER_RUNTIME = """
-from spyre_verify.bundled import BundledRuntime, make as bundled
+from spyre_verify.runtimes.bundled import BundledRuntime, make as bundled
 
 
 class Broken(BundledRuntime):

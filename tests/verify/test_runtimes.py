@@ -11,14 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from spyre_verify import crowds
 from spyre_verify.checks.graph_reuse import GraphReuse
 from spyre_verify.checks.ladders import LadderAgreement
 from spyre_verify.checks.output import OutputEquivalence
 from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.cli.check_report import summary_of
 from spyre_verify.cli.main import main
-from spyre_verify.protocol import CAPABILITIES, CORE, Settings, missing
 from spyre_verify.runtimes import (
     BUNDLED_FACTORY,
     ENV_RUNTIME,
@@ -29,6 +27,8 @@ from spyre_verify.runtimes import (
     project_runtimes,
     resolve_name,
 )
+from spyre_verify.runtimes.protocol import CAPABILITIES, CORE, Settings, missing
+from spyre_verify.serving import crowds
 from tests.verify.shared_runs import cli_once
 
 FOREIGN = "tests.foreign.engine:make"
@@ -173,7 +173,7 @@ def test_every_command_refuses_a_broken_runtime_at_start_up(
 def test_runtimes_command_lists_both_runtimes(in_root: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runtimes"]) == 0
     out = capsys.readouterr().out
-    assert "bundled  spyre_verify.bundled:make" in out and f"foreign  {FOREIGN}" in out
+    assert "bundled  spyre_verify.runtimes.bundled:make" in out and f"foreign  {FOREIGN}" in out
     assert "faults: dynamic-shapes, mask-leak, skip-top-decode, stale-padding" in out
 
 

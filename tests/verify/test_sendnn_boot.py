@@ -10,7 +10,7 @@ import pytest
 
 from spyre_verify.cli.config import ENV_SENDNN_FIX
 from spyre_verify.cli.main import main
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.protocol import Settings
 from spyre_verify.sendnn import boot, faults
 from spyre_verify.sendnn.hooks import Hooks
 

@@ -13,10 +13,10 @@ import pytest
 
 from runtime.config import RuntimeConfig
 from runtime.scheduler import Request, StepPlan
-from spyre_verify.edges import boundary_arrivals
-from spyre_verify.serve_loop import ServeStats, serve
-from spyre_verify.sim import STAND_IN, Sim
-from spyre_verify.workload import (
+from spyre_verify.serving.edges import boundary_arrivals
+from spyre_verify.serving.serve_loop import ServeStats, serve
+from spyre_verify.serving.sim import STAND_IN, Sim
+from spyre_verify.serving.workload import (
     ABORT_SHARE,
     LONG_TOKENS,
     Abort,
@@ -202,7 +202,7 @@ def test_above_2048_no_request_fills_max_model_len() -> None:
 
 
 def test_an_endless_stream_keeps_only_a_window_of_arrival_ids() -> None:
-    from spyre_verify.serve_loop import ENDLESS_WINDOW, Feed
+    from spyre_verify.serving.serve_loop import ENDLESS_WINDOW, Feed
 
     feed = Feed(iter([]))
     for i in range(5 * ENDLESS_WINDOW):

@@ -8,9 +8,9 @@ import pytest
 from runtime.config import RuntimeConfig
 from runtime.errors import RequestError
 from runtime.scheduler import StepPlan
-from spyre_verify.serve_loop import DEADLINE, IDLE, MAX_STEPS, STALL, Feed, ServeStats, serve
-from spyre_verify.sim import Sim
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.serve_loop import DEADLINE, IDLE, MAX_STEPS, STALL, Feed, ServeStats, serve
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import Arrival
 
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 

@@ -80,7 +80,7 @@ def test_tracker_admits_every_request_a_dispatch_computes() -> None:
     """A runtime that prefills two requests in one dispatch admits both: neither one's blocks are a leak."""
     from runtime.bucketer import BATCHED, PREFILL, BatchedKey, Bucket, PrefillKey
     from runtime.events import BatchInfo, DispatchEvent, FinishEvent, RequestEvent
-    from spyre_verify.soak import Tracker
+    from spyre_verify.soak.run import Tracker
 
     t = Tracker()
     for rid in ("a", "b", "c"):

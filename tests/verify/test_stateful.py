@@ -1,4 +1,4 @@
-"""The public state machine (`spyre_verify.stateful`) passes on the stock Scheduler and fails on
+"""The public state machine (`spyre_verify.testing.stateful`) passes on the stock Scheduler and fails on
 broken subclasses, in both layouts; the contract model it compares with follows DESIGN's example."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from runtime.errors import RequestError
 from runtime.ragged_scheduler import RaggedPlan, RaggedScheduler
 from runtime.requests import RequestQueue
 from runtime.scheduler import Admission, Request, Scheduler
-from spyre_verify import profiles
 from spyre_verify.oracle.model import ContractModel
-from spyre_verify.stateful import CONFIGS, SchedulerMachine
+from spyre_verify.testing import profiles
+from spyre_verify.testing.stateful import CONFIGS, SchedulerMachine
 
 
 def bounded(**kwargs: object) -> settings:

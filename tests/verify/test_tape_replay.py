@@ -20,10 +20,10 @@ from spyre_verify.checks.violations import Checker
 from spyre_verify.cli.check import expected_findings, finding_kind, write_reproducer
 from spyre_verify.cli.check_report import markdown, payload
 from spyre_verify.cli.main import main
-from spyre_verify.protocol import Settings
-from spyre_verify.session import RunResult, verify
-from spyre_verify.tape import KIND, Tape, Taped
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.runtimes.protocol import Settings
+from spyre_verify.serving.session import RunResult, verify
+from spyre_verify.serving.tape import KIND, Tape, Taped
+from spyre_verify.serving.workload import Abort, Arrival
 from tests.foreign.config import Config
 from tests.verify.reserving_runtime import ReservingEngine
 

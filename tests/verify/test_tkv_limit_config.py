@@ -13,13 +13,13 @@ from hypothesis import given, settings
 import runtime.config
 from runtime.config import ENV_BATCH_TKV, RuntimeConfig
 from runtime.errors import ConfigError
-from spyre_verify import profiles
 from spyre_verify.cli.config import add_config_flags, config_from_args
 from spyre_verify.defaults import CHECK_TKV_LIMIT
 from spyre_verify.hunt.config import check_config, raw_configs
 from spyre_verify.hunt.runner import HuntPlan, run_hunt
 from spyre_verify.oracle import accept
 from spyre_verify.oracle.derive import batch_tkv_limit
+from spyre_verify.testing import profiles
 
 SMALL: dict[str, Any] = {"block_size": 4, "max_model_len": 16, "max_num_seqs": 2, "backend": "eager"}
 

@@ -11,11 +11,19 @@ from hypothesis import strategies as st
 
 from runtime.bucketer import BATCHED, BatchedKey, Bucket, SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from spyre_verify.bundled import BundledRuntime as Engine
 from spyre_verify.oracle.walk import Action, reachable
-from spyre_verify.sim import Sim
-from spyre_verify.traffic import PlanError, Scenario, arrivals, coverage_scenarios, drive, run_scenario, step_limit
-from spyre_verify.workload import Abort, Arrival
+from spyre_verify.runtimes.bundled import BundledRuntime as Engine
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.traffic import (
+    PlanError,
+    Scenario,
+    arrivals,
+    coverage_scenarios,
+    drive,
+    run_scenario,
+    step_limit,
+)
+from spyre_verify.serving.workload import Abort, Arrival
 
 DEFAULT = RuntimeConfig(block_size=4, max_model_len=16, max_num_seqs=4, num_blocks=8, backend="eager")
 TINY = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
@@ -137,7 +145,7 @@ def _refuse_coverage_prompts(monkeypatch: pytest.MonkeyPatch, config: RuntimeCon
 
 
 def test_a_refused_witness_is_a_coverage_miss_and_the_refusal_is_judged(monkeypatch: pytest.MonkeyPatch) -> None:
-    from spyre_verify.session import verify
+    from spyre_verify.serving.session import verify
 
     config = TINY.with_(backend="eager")
     _refuse_coverage_prompts(monkeypatch, config)
@@ -155,7 +163,7 @@ def test_a_refused_witness_is_a_coverage_miss_and_the_refusal_is_judged(monkeypa
 
 
 def test_coverage_traffic_on_a_correct_runtime_is_quiet() -> None:
-    from spyre_verify.session import verify
+    from spyre_verify.serving.session import verify
 
     result = verify(TINY.with_(backend="eager"), workload=[Arrival(0, (5, 6), 2)], controls=False)
     assert result.scenarios == len(coverage_scenarios(TINY)) and result.coverage_problems == []

@@ -14,12 +14,12 @@ import pytest
 
 from runtime.bucketer import SpyreAttnBucketer
 from runtime.config import RuntimeConfig
-from spyre_verify import crowds
 from spyre_verify.cli.main import main
-from spyre_verify.serve_loop import serve
-from spyre_verify.session import verify
-from spyre_verify.sim import Sim
-from spyre_verify.workload import seeded_workload
+from spyre_verify.serving import crowds
+from spyre_verify.serving.serve_loop import serve
+from spyre_verify.serving.session import verify
+from spyre_verify.serving.sim import Sim
+from spyre_verify.serving.workload import seeded_workload
 from tests.verify.unserved_runtimes import EXTRA
 
 RUNTIMES = "tests.verify.unserved_runtimes"

@@ -1,4 +1,4 @@
-"""spyre_verify.untraced (installed by tests/conftest.py): Dynamo's compile runs outside a tracer,
+"""spyre_verify.testing.untraced (installed by tests/conftest.py): Dynamo's compile runs outside a tracer,
 the user compiler Dynamo calls inside it; a test marked `untraced` runs outside it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from spyre_verify.untraced import untraced
+from spyre_verify.testing.untraced import untraced
 
 
 def test_the_tracer_is_off_inside_dynamo_and_on_in_the_user_compiler() -> None:
@@ -112,7 +112,7 @@ def test_installing_again_after_the_memos_are_cleared_wraps_once() -> None:
     not wrap Dynamo's compile inside itself, which ran every later user compiler untraced."""
     from torch._dynamo import convert_frame
 
-    from spyre_verify.untraced import compile_untraced
+    from spyre_verify.testing.untraced import compile_untraced
     from tests.runtime.test_bounded_hunt import forget_memoised_answers
 
     installed = convert_frame._compile

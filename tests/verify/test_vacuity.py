@@ -11,8 +11,8 @@ import pytest
 from runtime.config import RuntimeConfig
 from spyre_verify.audit.verdict import conditions
 from spyre_verify.cli.main import main
-from spyre_verify.session import decode_fits, served_nothing, verified_too_little, verify
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.session import decode_fits, served_nothing, verified_too_little, verify
+from spyre_verify.serving.workload import Arrival
 
 SMALL = RuntimeConfig(block_size=4, max_model_len=8, max_num_seqs=2, backend="eager")
 

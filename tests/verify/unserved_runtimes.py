@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from runtime.bucketer import BATCHED, CHUNKED, BatchedKey, Bucket, ChunkedKey
 from runtime.warmup import Seams
-from spyre_verify.bundled import BundledRuntime
-from spyre_verify.protocol import Settings
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.runtimes.protocol import Settings
 
 Plan = Callable[[list[Bucket]], list[Bucket]]
 

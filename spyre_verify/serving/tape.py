@@ -19,7 +19,7 @@ from typing import Any
 
 from spyre_verify.checks.crash import RuntimeCrash
 from spyre_verify.checks.violations import Checker, Violation
-from spyre_verify.serve_loop import refusal
+from spyre_verify.serving.serve_loop import refusal
 
 KIND = "check-reproducer"
 # The checkers that judge from the runtime's own events alone, so that the same calls on a fresh

@@ -78,7 +78,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     # runtime with `options["batched_decode"] = False`: check's per-sequence pass needs it.
     "per_sequence_decode": (),
     # The runtime schedules as its layout's contract says (CONTRACT.md). A runtime of one's own
-    # declares it as data (`contract`, `spyre_verify.declared`) and the harness grants this; the
+    # declares it as data (`contract`, `spyre_verify.runtimes.declared`) and the harness grants this; the
     # bundled runtime claims it with `config` a `runtime.config.RuntimeConfig` and `builder` for
     # probing. The contract checkers, the reachable-set oracle and the coverage traffic need it.
     "design_contract": (),
@@ -94,13 +94,13 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
 # Optional attributes any runtime may carry, read as data (CONTRACT.md, "Declaring a contract").
 DECLARATIONS = {
     "contract": "the contract it follows: layout ('padded' or 'ragged'), block_size, max_model_len, max_num_seqs "
-    "and any other value the layout reads, under RuntimeConfig's names (`spyre_verify.declared.DECLARABLE`)",
+    "and any other value the layout reads, under RuntimeConfig's names (`spyre_verify.runtimes.declared.DECLARABLE`)",
     "layers": "the compiled calls one dispatch makes, one per model layer (graph reuse expects that many hits)",
     "rules": "rule name -> one sentence saying where the runtime departs from CONTRACT.md",
     "refusal": "the ValueError subclass add_request and abort refuse with",
 }
 # A runtime may also ship its own fault catalog, `faults()`: fault name -> the checker that must
-# catch it (`runtimes.py` reads it; `check` runs each as a control).
+# catch it (`spyre_verify.runtimes` reads it; `check` runs each as a control).
 
 CORE = (
     "name",

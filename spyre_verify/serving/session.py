@@ -27,18 +27,18 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.prefix_cache import PrefixCache
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.checks.volume import VolumeLimit
-from spyre_verify.crowds import crowd_traffic_for_check
-from spyre_verify.declared import expected_config
 from spyre_verify.defaults import CHECK_INTEGRITY_EVERY
-from spyre_verify.edges import Edge, EdgeRules, serve_edges
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import batch_tkv_limit
-from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import serve_judged
-from spyre_verify.tape import Tape, Taped
-from spyre_verify.traffic import cover
-from spyre_verify.workload import Item, seeded_workload
+from spyre_verify.runtimes.declared import expected_config
+from spyre_verify.runtimes.protocol import layout_of
+from spyre_verify.serving.crowds import crowd_traffic_for_check
+from spyre_verify.serving.edges import Edge, EdgeRules, serve_edges
+from spyre_verify.serving.serve_loop import serve_judged
+from spyre_verify.serving.tape import Tape, Taped
+from spyre_verify.serving.traffic import cover
+from spyre_verify.serving.workload import Item, seeded_workload
 
 
 def always_on(strict: bool = False, kv_integrity: bool = False, integrity_every: int = 1) -> list[Checker]:
@@ -96,10 +96,12 @@ class RunResult:
     runtime: str = "bundled"  # the name of the runtime verified
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     most_chunks: int = 0  # ragged: the most chunks one prompt was prefilled in (0: padded, or no prompt split)
-    crowds: dict[str, Any] = field(default_factory=dict)  # without the contract: the crowd traffic (`crowds.py`)
+    crowds: dict[str, Any] = field(
+        default_factory=dict
+    )  # without the contract: the crowd traffic (`serving/crowds.py`)
     # Wall seconds by phase (warmup, traffic, coverage, reference, checks, controls): where a slow run's time went.
     phases: dict[str, float] = field(default_factory=dict)
-    tape: Tape = field(default_factory=Tape)  # every call the run made on the runtime (`spyre_verify.tape`)
+    tape: Tape = field(default_factory=Tape)  # every call the run made on the runtime (`spyre_verify.serving.tape`)
     rules: dict[str, str] = field(default_factory=dict)  # where the runtime's rules differ from DESIGN's, and how
     runtime_config: dict[str, Any] | None = None  # another runtime's own config, as it reports it
     edges: list[Edge] = field(default_factory=list)  # the protocol edges served (`edges.protocol_edges`)
@@ -219,7 +221,7 @@ def verify(
     and the batch; the run still finishes its checks and returns a result. `runtime` is the
     factory (`module:attr`) to verify; a checker needing a capability it lacks is not run, and
     coverage traffic needs `design_contract` (without it, crowd traffic and a bounded hunt run instead,
-    `crowds.py`). With `coverage`, the edge traffic runs first (`edges.serve_edges`): on every runtime, the
+    `serving/crowds.py`). With `coverage`, the edge traffic runs first (`edges.serve_edges`): on every runtime, the
     protocol edges. For another runtime, `fault` is one of its own. `opened` is that runtime already
     built, with `run_settings(config, checkers, ...)` for these `checkers` (check's probe); it is
     closed here as a runtime built here is.

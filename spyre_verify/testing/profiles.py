@@ -87,5 +87,5 @@ def load_profile(name: str | None = None) -> str:
     return chosen
 
 
-# Registered on import, so `settings.load_profile("ci")` works after `import spyre_verify.profiles`.
+# Registered on import, so `settings.load_profile("ci")` works after `import spyre_verify.testing.profiles`.
 register()

@@ -2,11 +2,11 @@
 
 Like zarr's `zarr.testing.stateful`: every rule is applied to the real system (a
 scheduler, driven through its own `schedule` / `postprocess` with stand-in tokens by
-`spyre_verify.sim.Sim`) and to a simple model (`spyre_verify.oracle.model.ContractModel`,
+`spyre_verify.serving.sim.Sim`) and to a simple model (`spyre_verify.oracle.model.ContractModel`,
 DESIGN's scheduling rules written independently), each rule is one atomic event, and
 every invariant is checked after every rule. Aim it at your own scheduler::
 
-    from spyre_verify.stateful import SchedulerMachine
+    from spyre_verify.testing.stateful import SchedulerMachine
     from my_runtime import MyScheduler  # Scheduler(config, pool, builder) or alike
 
     TestMyScheduler = SchedulerMachine.for_factory(MyScheduler).TestCase
@@ -79,7 +79,7 @@ from spyre_verify.oracle.model import ContractModel
 from spyre_verify.oracle.ragged_compare import UNSEEN as UNSEEN_HIT
 from spyre_verify.oracle.ragged_model import RaggedModel
 from spyre_verify.oracle.results import prompt
-from spyre_verify.sim import STAND_IN, SchedulerFactory, Sim
+from spyre_verify.serving.sim import STAND_IN, SchedulerFactory, Sim
 
 # Small configs: short sequences and narrow batches reach joins, shifts, strips, chunked prompts and a
 # full pool fast. A padded config reads the same bytes in each (the layout is drawn after its fields).

@@ -7,7 +7,7 @@ hold it stops, as the runtime's rules say, and `tokens` can pick other stand-ins
 requests stop where a caller wants. It drives the runtime's one step sequence
 (`Scheduler.schedule` / `Scheduler.postprocess`, `Scheduler.abort`) and copies none of it;
 it offers the engine's serving face (`add_request`, `abort`, `step`, `has_work`, `steps`),
-so `spyre_verify.serve_loop.serve` drives either.
+so `spyre_verify.serving.serve_loop.serve` drives either.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from spyre_verify.edges.protocol import Edge, EdgeRun, listed
 from spyre_verify.oracle.derive import prefix_caching, token_budget, usable_blocks
-from spyre_verify.serve_loop import Feed, aborts_judged_by, judged_by, serve
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.edges.protocol import Edge, EdgeRun, listed
+from spyre_verify.serving.serve_loop import Feed, aborts_judged_by, judged_by, serve
+from spyre_verify.serving.workload import Arrival
 
 MOST_FILLERS = 64  # fresh requests a scenario may serve to cycle the pool; a larger pool is not exercised
 PREFIX_SEED = "spyre-verify prefix edges"  # the fresh tokens' stream: nothing else draws from it

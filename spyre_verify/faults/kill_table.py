@@ -17,10 +17,10 @@ from spyre_verify import faults
 from spyre_verify.errors import UsageError
 from spyre_verify.oracle import derive
 from spyre_verify.runtimes import BUNDLED_FACTORY, Probe
-from spyre_verify.workload import Item
+from spyre_verify.serving.workload import Item
 
 if TYPE_CHECKING:  # a run loads torch; naming the catalog (the CLI's help) must not
-    from spyre_verify.session import Progress, RunResult
+    from spyre_verify.serving.session import Progress, RunResult
 
 
 # Above this many candidate keys (a bound of the warm set: each a warmup compile of every fault run) the kill table
@@ -121,7 +121,7 @@ def run_fault(
     run stops at that checker's first violation: the kill table needs only to know it was caught."""
     import torch
 
-    from spyre_verify.session import all_checkers, verify
+    from spyre_verify.serving.session import all_checkers, verify
 
     torch._dynamo.reset()
     checkers = all_checkers()
@@ -276,7 +276,7 @@ def run_catalog(
     """The clean run (which must be quiet), then the kill table."""
     import torch
 
-    from spyre_verify.session import verify
+    from spyre_verify.serving.session import verify
 
     torch._dynamo.reset()
     clean = verify(config, workload=workload, progress=progress, runtime=runtime)

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from spyre_verify.checks.violations import Checker
-from spyre_verify.edges.prefix import caching_on, prefix_edges
-from spyre_verify.edges.protocol import (
+from spyre_verify.serving.edges.prefix import caching_on, prefix_edges
+from spyre_verify.serving.edges.protocol import (
     Edge,
     EdgeRules,
     EdgeRun,
@@ -26,7 +26,7 @@ from spyre_verify.edges.protocol import (
     next_id,
     protocol_edges,
 )
-from spyre_verify.serve_loop import serve_judged
+from spyre_verify.serving.serve_loop import serve_judged
 
 __all__ = [
     "Edge",

@@ -21,8 +21,8 @@ from typing import Any
 
 from runtime.config import RuntimeConfig
 from spyre_verify.checks.violations import Checker
-from spyre_verify.serve_loop import Feed, aborts_judged_by, judged_by, refusal, serve
-from spyre_verify.workload import LONG_TOKENS, Abort, Arrival, Item
+from spyre_verify.serving.serve_loop import Feed, aborts_judged_by, judged_by, refusal, serve
+from spyre_verify.serving.workload import LONG_TOKENS, Abort, Arrival, Item
 
 
 def boundary_arrivals(config: RuntimeConfig) -> list[Item]:

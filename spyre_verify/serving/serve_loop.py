@@ -4,7 +4,7 @@
 `audit`) and the benchmarks all serve through `serve`, so they share one idle rule: an
 engine with nothing to do while arrivals are still to come skips ahead to the next
 arrival, keeping the gaps between the later ones. It drives anything with the engine's
-serving face: `runtime.engine.Engine`, the tensor-free `spyre_verify.sim.Sim`, or the
+serving face: `runtime.engine.Engine`, the tensor-free `spyre_verify.serving.sim.Sim`, or the
 benchmark's engines in lockstep. A workload's `Abort` items abort the request of an
 earlier arrival between steps, as a client that goes away does.
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spyre_verify.workload import Abort, Arrival, Item
+from spyre_verify.serving.workload import Abort, Arrival, Item
 
 DRAINED, DEADLINE, MAX_STEPS, IDLE, STALL = None, "deadline", "max_steps", "idle", "stall"
 

@@ -4,6 +4,9 @@ installed one (entry-point group `spyre_verify.runtimes`) or of one a project li
 
 A factory is resolved and checked before any work: one that cannot be imported, or whose
 runtime lacks part of the protocol, is a `RuntimeSpecError` (exit 2) naming what is missing.
+
+The package holds what a runtime is to the harness: `protocol` (what it offers), `bundled`
+(the runtime DESIGN.md describes) and `declared` (a contract a runtime states as data).
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from typing import Any
 
 import tomllib
 
-from spyre_verify.declared import DeclarationError, declare
 from spyre_verify.errors import UsageError
-from spyre_verify.protocol import Runtime, Settings, missing
+from spyre_verify.runtimes.declared import DeclarationError, declare
+from spyre_verify.runtimes.protocol import Runtime, Settings, missing
 
 ENV_RUNTIME = "SPYRE_VERIFY_RUNTIME"
 GROUP = "spyre_verify.runtimes"
 BUNDLED = "bundled"
-BUNDLED_FACTORY = "spyre_verify.bundled:make"
+BUNDLED_FACTORY = "spyre_verify.runtimes.bundled:make"
 
 
 class RuntimeSpecError(UsageError):

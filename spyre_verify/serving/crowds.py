@@ -33,10 +33,10 @@ from spyre_verify.hunt.bounded import EXAMPLES, SEED, bounded_hunt
 from spyre_verify.hunt.protocol_trace import Refusals, ladder_unit
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as design_ladders
-from spyre_verify.protocol import layout_of
-from spyre_verify.serve_loop import DRAINED, aborts_judged_by, judged_by, serve
-from spyre_verify.traffic import prompt
-from spyre_verify.workload import Abort, Arrival, Item
+from spyre_verify.runtimes.protocol import layout_of
+from spyre_verify.serving.serve_loop import DRAINED, aborts_judged_by, judged_by, serve
+from spyre_verify.serving.traffic import prompt
+from spyre_verify.serving.workload import Abort, Arrival, Item
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from runtime.warmup import Seams
 from spyre_verify.checks.control_calls import Control, control_calls
 from spyre_verify.checks.ragged_controls import ragged_control_calls
 from spyre_verify.oracle.reference import ReferenceRun, generate
-from spyre_verify.protocol import CAPABILITIES, Settings
+from spyre_verify.runtimes.protocol import CAPABILITIES, Settings
 
 
 class BundledRuntime(Engine):

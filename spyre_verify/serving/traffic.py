@@ -1,6 +1,6 @@
 """Coverage traffic from the oracle: for every bucket the independent walk reaches, the
 walk's own witness replayed as arrivals on a real engine, driven from an idle engine
-until it is idle again by the one serve loop (`spyre_verify.serve_loop`).
+until it is idle again by the one serve loop (`spyre_verify.serving.serve_loop`).
 
 Nothing here asks the runtime what it should do: the expected answer is the walk. A
 scenario that does not dispatch its target on the engine is a finding about the engine,
@@ -19,8 +19,8 @@ from spyre_verify.checks.dispatch import DispatchCoverage
 from spyre_verify.oracle.results import join_prompts
 from spyre_verify.oracle.results import prompt as prompt  # the salted prompts, re-exported for their callers
 from spyre_verify.oracle.walk import Action, reachable
-from spyre_verify.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, aborts_judged_by, judged_by, serve
-from spyre_verify.workload import Abort, Arrival, Item
+from spyre_verify.serving.serve_loop import IDLE, MAX_STEPS, Aborted, Rejected, aborts_judged_by, judged_by, serve
+from spyre_verify.serving.workload import Abort, Arrival, Item
 
 
 class PlanError(Exception):

@@ -21,7 +21,6 @@ from typing import Any
 from runtime.config import RuntimeConfig
 from runtime.events import DispatchEvent, FinishEvent, RequestEvent, StepEvent
 from runtime.warmup import Seams
-from spyre_verify.bundled import BundledRuntime
 from spyre_verify.checks.crash import RuntimeCrash, first_line
 from spyre_verify.checks.graph_reuse import GraphReuse, counting_wrapper
 from spyre_verify.checks.liveness import Liveness
@@ -30,12 +29,13 @@ from spyre_verify.checks.padding import PaddingValidity
 from spyre_verify.checks.violations import Checker, InvariantViolation, Violation
 from spyre_verify.errors import Interrupted
 from spyre_verify.messages import Progress
-from spyre_verify.protocol import layout_of
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
-from spyre_verify.serve_loop import DEADLINE, ServeStats, aborts_judged_by, judged_by, serve
-from spyre_verify.session import always_on
-from spyre_verify.soak_options import SPREAD, SoakOptions
-from spyre_verify.workload import Item, seeded_workload
+from spyre_verify.runtimes.bundled import BundledRuntime
+from spyre_verify.runtimes.protocol import layout_of
+from spyre_verify.serving.serve_loop import DEADLINE, ServeStats, aborts_judged_by, judged_by, serve
+from spyre_verify.serving.session import always_on
+from spyre_verify.serving.workload import Item, seeded_workload
+from spyre_verify.soak.options import SPREAD, SoakOptions
 
 PROGRESS_SECONDS = 2.0
 

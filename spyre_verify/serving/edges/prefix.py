@@ -1,5 +1,5 @@
 """Prefix-cache edges (DESIGN "Prefix caching (ragged layout)"): on a ragged config with caching on,
-`check` serves, after the protocol edges (`spyre_verify.edges.protocol`), one scenario per cache rule, sized
+`check` serves, after the protocol edges (`spyre_verify.serving.edges.protocol`), one scenario per cache rule, sized
 from the config so that none depends on the workload's luck: a hit after its source ended, a block
 shared while its source runs, a collision probe (equal tokens under different parents), a whole
 prompt cached, and an eviction. Each is recorded in `result.edges` with what the runtime did."""
@@ -9,28 +9,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     MOST_FILLERS as MOST_FILLERS,
 )
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     Fresh as Fresh,
 )
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     PrefixRun,
     Sent,
     prefix_scenario,
 )
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     caching_on as caching_on,
 )
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     fillers as fillers,
 )
-from spyre_verify.edges.prefix_run import (
+from spyre_verify.serving.edges.prefix_run import (
     sizes as sizes,
 )
-from spyre_verify.edges.protocol import EdgeRun
-from spyre_verify.workload import Arrival
+from spyre_verify.serving.edges.protocol import EdgeRun
+from spyre_verify.serving.workload import Arrival
 
 
 def prefix_edges(run: EdgeRun) -> EdgeRun:
