@@ -246,6 +246,9 @@ def markdown(p: dict[str, Any]) -> str:
 def edge_row(e: dict[str, Any]) -> list[str]:
     """One protocol edge in words: what was sent, what the runtime did, whether it kept the rule."""
     sent, did = e["sent"], e["did"]
+    kept = {True: "yes", False: f"NO ({', '.join(e['flagged'])}): {e['note']}", None: e["note"]}[e["followed"]]
+    if "requests" in sent:  # a scenario of several requests, each with its role
+        return [e["name"], *scenario_cells(sent["requests"], did), kept]
     if "abort" in sent:
         what = f"abort({sent['abort']!r})" if sent["abort"] is not None else "no abort"
     elif sent:
@@ -260,8 +263,20 @@ def edge_row(e: dict[str, Any]) -> list[str]:
         then = f"{did['finish_reason']} after {did['tokens']}"
     else:
         then = "refused the add" if did.get("refused") else ("did not end" if did else "-")
-    kept = {True: "yes", False: f"NO ({', '.join(e['flagged'])}): {e['note']}", None: e["note"]}[e["followed"]]
     return [e["name"], what, then, kept]
+
+
+def scenario_cells(requests: list[dict[str, Any]], did: dict[str, Any]) -> tuple[str, str]:
+    """What a several-request scenario sent (each named request; the fresh ones F1.. counted) and how
+    each named request ended, with the blocks it took from the prefix cache."""
+    named = [r for r in requests if not r["role"].startswith("F")]
+    fresh = len(requests) - len(named)
+    what = "; ".join(f"{r['role']}: {r['about']}, max_tokens {r['max_tokens']}" for r in named)
+    what += f"; {fresh} fresh requests" if fresh else ""
+    reasons, cached = did.get("finish_reasons", {}), did.get("from_cache", {})
+    ended = ", ".join(f"{r['role']} {reasons.get(r['role']) or 'not ended'}" for r in named)
+    blocks = ", ".join(f"{r['role']} {cached.get(r['role'], 0)}" for r in named)
+    return what, f"{ended}; blocks from the cache: {blocks}"
 
 
 def phases_line(phases: dict[str, float]) -> str:

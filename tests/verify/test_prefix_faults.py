@@ -137,7 +137,12 @@ def test_check_serves_the_prefix_edges_and_reports_them_only_with_caching_on() -
             assert names[-len(PREFIX_NAMES) :] == list(PREFIX_NAMES) and result.requests > len(PREFIX_NAMES)
             rows = json.loads(json.dumps([e.to_dict() for e in result.edges[-len(PREFIX_NAMES) :]]))
             hit = edge_row(rows[0])
-            assert hit[0] == "prefix-hit" and "blocks from the cache: A 0, B 2" in hit[2] and hit[3] == "yes", hit
+            assert hit[0] == "prefix-hit" and hit[2] == "A length, B length; blocks from the cache: A 0, B 2", hit
+            assert hit[1].startswith("A: ") and "; B: A's first 2 blocks" in hit[1] and hit[3] == "yes", hit
+            # Several requests: each by its role, never one add's fields holding a summary.
+            assert all("finish_reason" not in r["did"] and "prompt" not in r["sent"] for r in rows), rows
+            assert rows[0]["did"]["finish_reasons"] == {"A": "length", "B": "length"}, rows[0]
+            assert [q["role"] for q in rows[0]["sent"]["requests"]] == ["A", "B"], rows[0]
             assert all(r["did"]["from_cache"] and r["followed"] is True for r in rows), rows
 
 

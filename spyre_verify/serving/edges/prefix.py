@@ -63,7 +63,11 @@ def prefix_hit(s: PrefixRun, fresh: Fresh) -> None:
     s.serve(
         [
             Sent("A", Arrival(0, a, 1, ignore_eos=True), f"{len(a)} fresh tokens"),
-            Sent("B", Arrival(0, b, 2, ignore_eos=True), f"A's first {k} blocks, then {r} tokens of its own"),
+            Sent(
+                "B",
+                Arrival(0, b, 2, ignore_eos=True),
+                f"A's first {k} blocks, then {r} token{'s' * (r != 1)} of its own",
+            ),
         ]
     )
     s.expect({"A": 0, "B": k}, f"B started from A's {k} cached blocks")

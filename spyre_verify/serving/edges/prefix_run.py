@@ -141,13 +141,8 @@ class PrefixRun:
             detach()
         self.run.accepted, self.run.rejected = self.run.accepted + stats.accepted, self.run.rejected + stats.rejected
         self.ids = {s.role: rid for s, rid in zip(sent, feed.ids, strict=False)}
-        a = sent[0].arrival
+        # Several requests, each with its role: `sent.requests[]`, not one add's fields.
         self.edge.sent = {
-            "prompt": "; ".join(f"{s.role}: {s.about}" for s in sent if not s.role.startswith("F"))
-            + (f"; {n} fresh requests" if (n := sum(s.role.startswith("F") for s in sent)) else ""),
-            "max_tokens": ", ".join(f"{s.role} {s.arrival.max_tokens}" for s in sent if not s.role.startswith("F")),
-            "stop_token_ids": [],
-            "ignore_eos": a.ignore_eos,
             "requests": [
                 {
                     "role": s.role,
@@ -160,17 +155,16 @@ class PrefixRun:
             ],
         }
         finished = self.run.engine.finished
-        reasons = {role: (str(finished[rid].reason) if rid in finished else None) for role, rid in self.ids.items()}
-        roles = [s.role for s in sent if not s.role.startswith("F")]
         self.edge.did = {
             "request_ids": self.ids,
+            "finish_reasons": {
+                role: (str(finished[rid].reason) if rid in finished else None) for role, rid in self.ids.items()
+            },
             "from_cache": {role: self.log.got(self.ids.get(role)) for role in self.ids},
             "registered": {role: len(self.log.registered.get(rid or "", {})) for role, rid in self.ids.items()},
             "evicted": len(self.log.evicted),
             "cache_events": self.log.events,
             "steps": stats.steps,
-            "finish_reason": ", ".join(f"{r} {reasons[r] or 'not ended'}" for r in roles),
-            "tokens": "blocks from the cache: " + ", ".join(f"{r} {self.log.got(self.ids.get(r))}" for r in roles),
         }
         if stats.stopped is not None:
             self.edge.did["stopped"] = stats.stopped
