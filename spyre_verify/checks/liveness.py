@@ -5,7 +5,11 @@ On any runtime, from the protocol's events: a request event opens a request, its
 closes it. At the end of a run that did not stop inside a step (a crash, a serving guard), a
 runtime that still has work is stepped once more; a step
 that runs nothing while work is left is a `stall` (the runtime can never finish what it holds),
-and a request that never ended on a runtime with no work left is `never-ended`. A runtime that
+and a request that never ended on a runtime with no work left is `never-ended`. That is also
+judged every time the serve loop finds the runtime without work (`on_idle`), not only at the
+end: a server steps a runtime only while it says it has work, so an accepted request it has not
+ended by then waits until another request happens to arrive, and later traffic must not hide
+that it was dropped. A runtime that
 offers `reservations` (request id -> blocks its scheduler holds in reserve) has them judged
 after every step: a reservation of a request that ended before the step is `leaked-reservation`,
 named with the request, how it ended and the blocks still held. Admission counts reservations
@@ -33,6 +37,7 @@ class Liveness(Checker):
         self.requests_ended = 0
         self.reservation_checks = 0
         self.stall_probed = False
+        self.idle_flagged: set[str] = set()  # requests named by an idle runtime: not named again at the end
         self.open_step: int | None = None  # a step that dispatched and has not finished (it raised)
         super().attach(engine)
 
@@ -46,6 +51,19 @@ class Liveness(Checker):
         self.live.pop(ev.request_id, None)
         self.ended[ev.request_id] = (ev.step, ev.reason)
         self.requests_ended += 1
+
+    def on_idle(self, steps: int) -> None:
+        """The serve loop found the runtime without work after `steps` steps."""
+        lost = sorted(set(self.live) - self.idle_flagged)
+        if not lost or self.open_step is not None:
+            return
+        self.idle_flagged.update(lost)
+        self.flag(
+            "never-ended",
+            f"after step {steps - 1}: the runtime reported no work (has_work() false) while {len(lost)} accepted "
+            f"request(s) had not ended: {', '.join(lost[:5])}; a server steps a runtime only while it has work, "
+            "so these end only if another request happens to arrive",
+        )
 
     def on_step(self, ev: Any) -> None:
         self.open_step = None
@@ -83,7 +101,7 @@ class Liveness(Checker):
             self._flag_stall(engine, stalled_after)
         if self.stall_probed:
             return  # the run left work: what it still holds is the stall's to name, or mid-flight
-        lost = sorted(self.live)
+        lost = sorted(set(self.live) - self.idle_flagged)
         if lost:
             self.flag(
                 "never-ended",

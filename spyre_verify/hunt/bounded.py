@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, ending_problem, groups, items_of, shape_of, traces
-from spyre_verify.serving.serve_loop import DRAINED, Feed, ServeStats, aborts_judged_by, serve
+from spyre_verify.serving.serve_loop import DRAINED, Feed, ServeStats, aborts_judged_by, idles_judged_by, serve
 from spyre_verify.serving.workload import Abort, Arrival
 
 EXAMPLES, SEED = 50, 0
@@ -39,7 +39,8 @@ def _serve(runtime: Any, draws: Sequence[Draw], observers: Sequence[Any], run: H
     feed = Feed(items, runtime.steps)
     budget = sum(len(a.prompt) + a.max_tokens for a in items if isinstance(a, Arrival)) + 4
     judge = aborts_judged_by(observers)
-    serve(guard, feed, on_rejected=lambda a, e: None, on_abort=judge, max_steps=budget, stats=stats)
+    idle = idles_judged_by(observers)
+    serve(guard, feed, on_rejected=lambda a, e: None, on_abort=judge, on_idle=idle, max_steps=budget, stats=stats)
     run.steps += stats.steps
     problems = list(guard.problems)
     if stats.stopped != DRAINED:

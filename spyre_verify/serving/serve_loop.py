@@ -107,6 +107,8 @@ Rejected = Callable[[Arrival, ValueError], None]
 Missed = Callable[[Abort, str | None], None]
 # Every abort sent to the runtime: the request id, and whether the runtime refused it.
 Aborted = Callable[[str, bool], None]
+# The runtime said it has no work: the steps it has run so far.
+Idle = Callable[[int], None]
 
 
 def serve(
@@ -117,6 +119,7 @@ def serve(
     on_step: Callable[[Any, ServeStats], None] | None = None,
     on_missed: Missed | None = None,
     on_abort: Aborted | None = None,
+    on_idle: Idle | None = None,
     deadline: float | None = None,
     max_steps: int | None = None,
     skip_idle: bool = True,
@@ -129,7 +132,8 @@ def serve(
     `on_rejected`; without one the ValueError propagates. An `Abort` whose request
     has already ended (or was refused) is counted in `stats.abort_missed` and shown to
     `on_missed(abort, request_id)`; every abort sent goes to `on_abort(request_id, refused)`
-    once the call returned or raised. `on_step(result, stats)` follows every step. It
+    once the call returned or raised. `on_step(result, stats)` follows every step, and
+    `on_idle(engine.steps)` every time the engine says it has no work. It
     stops early, naming why in `stats.stopped`: past `deadline` (a `time.monotonic()`
     value; nothing more is submitted or stepped), after `max_steps` steps with work
     left, or, with `skip_idle=False`, when the engine idles while arrivals are still to
@@ -148,6 +152,8 @@ def serve(
             else:
                 feed.submitted(_submit(engine, a, stats, on_rejected))
         if not engine.has_work():
+            if on_idle is not None:
+                on_idle(engine.steps)
             if feed.head is None:
                 stats.stopped = DRAINED
                 return stats
@@ -225,15 +231,26 @@ def _judges(observers: Sequence[Any], method: str) -> list[Callable[..., None]]:
     return [getattr(o, method) for o in observers if hasattr(o, method) and getattr(o, "not_run", None) is None]
 
 
+def _told(observers: Sequence[Any], method: str) -> Callable[..., None]:
+    """A callback that calls `method` with its arguments on every observer that has it."""
+    judges = _judges(observers, method)
+
+    def tell(*args: Any) -> None:
+        for j in judges:
+            j(*args)
+
+    return tell
+
+
 def aborts_judged_by(observers: Sequence[Any]) -> Aborted:
     """An `on_abort` that shows every abort sent to each observer with an `on_abort_call` method."""
-    judges = _judges(observers, "on_abort_call")
+    return _told(observers, "on_abort_call")
 
-    def judge(request_id: str, refused: bool) -> None:
-        for j in judges:
-            j(request_id, refused)
 
-    return judge
+def idles_judged_by(observers: Sequence[Any]) -> Idle:
+    """An `on_idle` that tells each observer with an `on_idle` method that the runtime said it
+    has no work (liveness holds every accepted request to having ended by then)."""
+    return _told(observers, "on_idle")
 
 
 def judged_by(observers: Sequence[Any]) -> Rejected:
@@ -264,6 +281,11 @@ def serve_judged(
             progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
 
     stats = serve(
-        engine, workload, on_rejected=judged_by(observers), on_abort=aborts_judged_by(observers), on_step=note
+        engine,
+        workload,
+        on_rejected=judged_by(observers),
+        on_abort=aborts_judged_by(observers),
+        on_idle=idles_judged_by(observers),
+        on_step=note,
     )
     return stats.accepted, stats.rejected

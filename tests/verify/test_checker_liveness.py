@@ -304,3 +304,71 @@ def test_strict_mode_raises_on_the_stall() -> None:
     with pytest.raises(InvariantViolation) as err:
         c.finish(rt)
     assert [v.kind for v in err.value.violations] == ["stall"]
+
+
+# -- a runtime that parks a lone request until another arrives (sendnn-inference 2.6.3's paused decodes) --
+class Parking:
+    """The planted bug: while its first request runs alone, has_work() says False, as the plugin's
+    scheduler counts no paused decode as unfinished; a second request wakes it, and both then end."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt, self.live, self.seen = rt, set[str](), 0
+        self.real = rt.has_work
+        rt.subscribe(self)
+        rt.has_work = self.has_work  # an instance attribute over the method
+
+    def on_request(self, ev: Any) -> None:
+        self.live.add(ev.request_id)
+        self.seen += 1
+
+    def on_finish(self, ev: Any) -> None:
+        self.live.discard(ev.request_id)
+
+    def has_work(self) -> bool:
+        return self.real() and not (self.seen == 1 and self.rt.steps > 0)
+
+
+def parking(settings: Any) -> Any:
+    from spyre_verify.runtimes.bundled import make
+
+    return Parking(make(settings)).rt
+
+
+PARKED = [Arrival(0, (1, 2, 3), 4), Arrival(6, (4,), 2)]  # the second arrives after the first idled
+
+
+def test_a_request_parked_while_the_runtime_says_it_has_no_work_never_ended_though_it_ends_later() -> None:
+    c, result = run("tests.verify.test_checker_liveness:parking", PARKED)
+    assert result.error is None and kinds(c) == ["never-ended"], c.violations
+    message = c.violations[0].message
+    assert message.startswith("after step 0: the runtime reported no work (has_work() false) while 1 accepted")
+    assert c.observed()["still_live"] == 0  # it did end, once the second request woke the runtime
+
+
+def test_the_same_arrivals_on_the_bundled_runtime_are_quiet() -> None:
+    c, result = run("spyre_verify.runtimes.bundled:make", PARKED)
+    assert result.error is None and c.ok and c.observed() == {"requests_ended": 2, "still_live": 0}
+
+
+def test_an_idle_runtime_names_each_open_request_once() -> None:
+    rt = Fake()
+    c = attached(rt)
+    for rid in ("a", "b"):
+        accept(c, rid)
+    c.on_idle(3)
+    c.on_idle(4)  # the same requests: already named
+    c.finish(rt)  # and not named again as never ended at the end
+    assert kinds(c) == ["never-ended"] and "2 accepted request(s) had not ended: a, b" in c.violations[0].message
+    assert c.violations[0].message.startswith("after step 2:")
+
+
+def test_an_idle_runtime_with_every_request_ended_or_a_step_open_is_quiet() -> None:
+    rt = Fake()
+    c = attached(rt)
+    accept(c, "a")
+    end(c, "a", 0)
+    c.on_idle(1)
+    accept(c, "b")
+    c.open_step = 1  # a step that raised: its request's end was cut off, not dropped
+    c.on_idle(2)
+    assert c.ok, c.violations

@@ -21,7 +21,7 @@ from typing import Any
 
 from runtime.config import RuntimeConfig
 from spyre_verify.checks.violations import Checker
-from spyre_verify.serving.serve_loop import Feed, aborts_judged_by, judged_by, refusal, serve
+from spyre_verify.serving.serve_loop import Feed, aborts_judged_by, idles_judged_by, judged_by, refusal, serve
 from spyre_verify.serving.workload import LONG_TOKENS, Abort, Arrival, Item
 
 
@@ -232,7 +232,14 @@ class EdgeRun:
             judge(arrival, e)
             why.append(f"{type(e).__name__}: {e}")
 
-        stats = serve(self.engine, feed, on_rejected=refused, on_abort=aborts_judged_by(self.checkers), max_steps=STEPS)
+        stats = serve(
+            self.engine,
+            feed,
+            on_rejected=refused,
+            on_abort=aborts_judged_by(self.checkers),
+            on_idle=idles_judged_by(self.checkers),
+            max_steps=STEPS,
+        )
         self.accepted, self.rejected = self.accepted + stats.accepted, self.rejected + stats.rejected
         return feed.ids[0], why[0] if why else ""
 
