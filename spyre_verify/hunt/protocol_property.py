@@ -27,7 +27,15 @@ from spyre_verify.defaults import tune_process
 from spyre_verify.hunt.findings import HARNESS_DIR, PROTOCOL, Finding
 from spyre_verify.hunt.protocol_trace import Draw, Refusals, Shape, ending_problem, groups, items_of, shape_of, traces
 from spyre_verify.runtimes import load_factory, open_runtime, settings_for
-from spyre_verify.serving.serve_loop import DRAINED, MAX_STEPS, Feed, ServeStats, aborts_judged_by, serve
+from spyre_verify.serving.serve_loop import (
+    DRAINED,
+    MAX_STEPS,
+    Feed,
+    ServeStats,
+    aborts_judged_by,
+    idles_judged_by,
+    serve,
+)
 from spyre_verify.serving.workload import Abort, Arrival
 
 if TYPE_CHECKING:  # the checkers load torch: `spyre-verify hunt` parses its flags before they load
@@ -81,6 +89,7 @@ class ProtocolHunt:
         self.where = runtime_dir(target)
         self.runtime: Any = None
         self.checkers: list[Checker] = []
+        self.unfinished: list[str] = []  # the last trace's accepted requests that had not ended
         tune_process()  # a tiny runtime's ops are microseconds long: intra-op threads cost 20x here
         self.open()
         self.shape: Shape = shape_of(self.runtime)
@@ -120,8 +129,10 @@ class ProtocolHunt:
         trace = [str(g) for g in gs]
         problems = self._reopen() if self.runtime is None else []
         problems = problems or self.serve(items_of(self.shape, gs))
-        if problems and self.runtime is not None and self.runtime.has_work():
-            self.close()  # the next example starts from a fresh, idle runtime
+        # The next example starts from a fresh, idle runtime: not one still busy, nor one that said it
+        # was idle while it held a request of this trace unfinished, which a later trace may wake.
+        if problems and self.runtime is not None and (self.runtime.has_work() or self.unfinished):
+            self.close()
         return [self._finding(kind, msg, trace) for kind, msg in problems]
 
     def _reopen(self) -> list[tuple[str, str]]:
@@ -148,7 +159,10 @@ class ProtocolHunt:
         out: list[tuple[str, str]] = []
         try:
             judge = aborts_judged_by(self.checkers)
-            serve(guard, feed, on_rejected=lambda a, e: None, on_abort=judge, max_steps=budget, stats=stats)
+            idle = idles_judged_by(self.checkers)
+            serve(
+                guard, feed, on_rejected=lambda a, e: None, on_abort=judge, on_idle=idle, max_steps=budget, stats=stats
+            )
         except InvariantViolation:
             self.close()  # stopped mid-step: the checker has the violation; the runtime is not trusted
         except Exception as e:
@@ -156,6 +170,8 @@ class ProtocolHunt:
                 raise
             self.close()
             out.append(("runtime-error", f"the runtime raised {type(e).__name__} at step {stats.steps}: {e}"))
+        if self.runtime is not None:
+            self.unfinished = [r for r in feed.ids if r is not None and r not in self.runtime.finished]
         for c in self.checkers:
             out += [(v.kind, f"[{c.name}] {v.message}") for v in c.violations[seen[c.name] :]]
         out += guard.problems
