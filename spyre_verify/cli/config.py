@@ -201,6 +201,21 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
     return RuntimeConfig.from_env(env, **kwargs)
 
 
+def config_flags(c: Any, env: Mapping[str, str]) -> list[str]:
+    """The flags that build config `c` again (each set size and setting, the layout's, and the
+    sendnn fix in force), for a reproducer line that must run on the same config."""
+    out = ["--block-size", str(c.block_size), "--max-model-len", str(c.max_model_len)]
+    out += ["--max-num-seqs", str(c.max_num_seqs)]
+    for name in ("num_blocks", "max_batch_tkv_limit", "max_num_batched_tokens", "batched_decode_entries"):
+        if getattr(c, name, None) is not None:
+            out += [f"--{name.replace('_', '-')}", str(getattr(c, name))]
+    out += ["--layout", c.layout] if getattr(c, "ragged", False) else []
+    if getattr(c, "enable_prefix_caching", None) is not None:
+        out.append(_switch("enable_prefix_caching", c.enable_prefix_caching))
+    out += ["--backend", c.backend]
+    return out + (["--sendnn-fix", env[ENV_SENDNN_FIX]] if env.get(ENV_SENDNN_FIX) else [])
+
+
 def _agrees(dest: str, value: object, env: Mapping[str, str]) -> None:
     """A flag given on the command line and the env variable that would override it agree, or
     neither is used: a ConfigError naming both."""

@@ -31,7 +31,7 @@ import hypothesis
 from spyre_verify import faults
 from spyre_verify.cli import replay
 from spyre_verify.cli.args import SEED_MAX, Count, seed
-from spyre_verify.cli.config import SIZES, add_config_flags, config_from_args
+from spyre_verify.cli.config import SIZES, add_config_flags, config_flags, config_from_args
 from spyre_verify.errors import UsageError
 from spyre_verify.hunt.database import check_database, database_arg
 from spyre_verify.hunt.findings import PROTOCOL
@@ -307,10 +307,8 @@ def reproducer(report: Path, index: int, f: dict[str, Any], plan: HuntPlan) -> s
     argv = ["spyre-verify", "hunt", "--property", f["property"], "--examples", str(plan.examples)]
     argv += ["--seed", str(plan.seed)] if plan.seed is not None else []
     if plan.runtime is not None:
-        # The runtime keeps what earlier examples did to it: the reproducer is this hunt, on the same sizes.
-        c = plan.config
-        argv += ["--runtime", plan.runtime, "--block-size", str(c.block_size), "--max-model-len", str(c.max_model_len)]
-        argv += ["--max-num-seqs", str(c.max_num_seqs), "--backend", c.backend]
+        # The runtime keeps what earlier examples did to it: the reproducer is this hunt, on the same config.
+        argv += ["--runtime", plan.runtime, *config_flags(plan.config, os.environ)]
     argv += ["--layout", plan.layouts[0]] if plan.runtime is None and len(plan.layouts) == 1 else []
     argv += [("--fault" if plan.runtime else "--control"), plan.fault] if plan.fault else []
     argv += ["--hypothesis-profile", str(plan.profile)] if plan.profile else []
