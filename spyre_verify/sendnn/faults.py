@@ -2,8 +2,8 @@
 
 A fault is a bug of the kind the real project has had, seeded into the installed plugin by
 wrapping one of its methods; each names the checker that must catch it through the serving
-path. Every fault run also applies the abort fix, so the known leak cannot be what a control
-is caught by. A fix is a repair for a finding (README, "Found in real systems"), applied with
+path. Every fault run also applies the fixes of the known findings, so none of them can be what
+a control is caught by. A fix is a repair for a finding (README, "Found in real systems"), applied with
 `--sendnn-fix NAME` (the runtime option `fix`), off by default.
 """
 
@@ -35,9 +35,13 @@ CATALOG = {
 
 ENV_FIX = "SPYRE_VERIFY_SENDNN_FIX"  # what `--sendnn-fix` sets (spyre_verify.cli.config)
 ABORT_FIX = "abort-reservation-leak"
+PAUSED_FIX = "paused-decodes-unfinished"
 FIXES = {
     ABORT_FIX: "release an aborted request's reserved blocks when vLLM's finish_requests frees it "
     "(ChunkedPrefillSpyreScheduler releases them only for ids it sees finish inside update_from_output)",
+    PAUSED_FIX: "count the decodes the batch-tkv limit paused as unfinished requests (ChunkedPrefillSpyreScheduler "
+    "moves them out of running, and vLLM's get_num_unfinished_requests counts only running and waiting, so with "
+    "every unfinished request paused the engine reports no work and never steps them again)",
 }
 
 
@@ -124,6 +128,8 @@ def install_on_engine(fault: str | None, fixes_: frozenset[str], hooks: Hooks, r
     sched = runtime.scheduler
     if ABORT_FIX in fixes_ or fault is not None:
         hooks.wrap(sched, "finish_requests", lambda original: _release_on_finish(sched, original))
+    if PAUSED_FIX in fixes_ or fault is not None:
+        hooks.wrap(sched, "get_num_unfinished_requests", lambda original: _counting_paused(sched, original))
     if fault == "static-table-width":
 
         def mark(original: Any) -> Any:
@@ -167,3 +173,13 @@ def _release_on_finish(sched: Any, original: Any) -> Any:
         return finished
 
     return finish_requests
+
+
+def _counting_paused(sched: Any, original: Any) -> Any:
+    """The outside fix: a paused decode is unfinished work, so the engine keeps stepping, and the
+    next schedule resumes it as soon as the batch-tkv limit allows."""
+
+    def get_num_unfinished_requests() -> int:
+        return int(original()) + len(sched.paused_decoding_requests)
+
+    return get_num_unfinished_requests

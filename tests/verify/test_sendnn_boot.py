@@ -52,6 +52,8 @@ def test_an_unknown_option_or_fix_is_refused_naming_the_known_ones(monkeypatch: 
     with pytest.raises(boot.PluginUnavailable, match="known: abort-reservation-leak"):
         faults.fixes({"fix": "nosuch"})
     assert faults.fixes({"fix": "abort-reservation-leak"}) == {"abort-reservation-leak"}
+    both = {"abort-reservation-leak", "paused-decodes-unfinished"}
+    assert faults.fixes({"fix": "abort-reservation-leak, paused-decodes-unfinished"}) == both == set(faults.FIXES)
 
 
 def test_an_absent_plugin_is_marked_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
