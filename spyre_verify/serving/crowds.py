@@ -34,7 +34,7 @@ from spyre_verify.hunt.protocol_trace import Refusals, ladder_unit
 from spyre_verify.messages import Progress
 from spyre_verify.oracle.derive import ladders as design_ladders
 from spyre_verify.runtimes.protocol import layout_of
-from spyre_verify.serving.serve_loop import DRAINED, aborts_judged_by, idles_judged_by, judged_by, serve
+from spyre_verify.serving.serve_loop import DRAINED, judging, serve
 from spyre_verify.serving.traffic import prompt
 from spyre_verify.serving.workload import Abort, Arrival, Item
 
@@ -212,9 +212,7 @@ def crowd_traffic(
         stats = serve(
             guard,
             wave.items,
-            on_rejected=judged_by(observers),
-            on_abort=aborts_judged_by(observers),
-            on_idle=idles_judged_by(observers),
+            **judging(observers),
             max_steps=wave.tokens + 8,
         )
         run.refused += stats.rejected

@@ -265,6 +265,15 @@ def judged_by(observers: Sequence[Any]) -> Rejected:
     return judge
 
 
+def judging(observers: Sequence[Any]) -> dict[str, Any]:
+    """`serve`'s callbacks that show every refusal, abort and idle moment to the observers."""
+    return {
+        "on_rejected": judged_by(observers),
+        "on_abort": aborts_judged_by(observers),
+        "on_idle": idles_judged_by(observers),
+    }
+
+
 def serve_judged(
     engine: Any, workload: Sequence[Item], progress: Callable[[str], None] | None = None, observers: Sequence[Any] = ()
 ) -> tuple[int, int]:
@@ -280,12 +289,5 @@ def serve_judged(
         if progress and engine.steps % 50 == 0:
             progress(f"serving: step {engine.steps}, {s.accepted} requests added, {arrivals - s.submitted} to come")
 
-    stats = serve(
-        engine,
-        workload,
-        on_rejected=judged_by(observers),
-        on_abort=aborts_judged_by(observers),
-        on_idle=idles_judged_by(observers),
-        on_step=note,
-    )
+    stats = serve(engine, workload, **judging(observers), on_step=note)
     return stats.accepted, stats.rejected

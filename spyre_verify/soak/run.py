@@ -32,7 +32,7 @@ from spyre_verify.messages import Progress
 from spyre_verify.runtimes import BUNDLED_FACTORY, open_runtime, settings_for
 from spyre_verify.runtimes.bundled import BundledRuntime
 from spyre_verify.runtimes.protocol import layout_of
-from spyre_verify.serving.serve_loop import DEADLINE, ServeStats, aborts_judged_by, idles_judged_by, judged_by, serve
+from spyre_verify.serving.serve_loop import DEADLINE, ServeStats, judging, serve
 from spyre_verify.serving.session import always_on
 from spyre_verify.serving.workload import Item, seeded_workload
 from spyre_verify.soak.options import SPREAD, SoakOptions
@@ -175,9 +175,7 @@ def drive(engine: Any, work: list[Item], result: SoakResult, deadline: float, pr
         serve(
             engine,
             work,
-            on_rejected=judged_by(result.checkers),
-            on_abort=aborts_judged_by(result.checkers),
-            on_idle=idles_judged_by(result.checkers),
+            **judging(result.checkers),
             on_step=note,
             deadline=deadline,
             stats=stats,

@@ -13,7 +13,7 @@ from typing import Any
 
 from spyre_verify.oracle.derive import prefix_caching, token_budget, usable_blocks
 from spyre_verify.serving.edges.protocol import Edge, EdgeRun, listed
-from spyre_verify.serving.serve_loop import Feed, aborts_judged_by, idles_judged_by, judged_by, serve
+from spyre_verify.serving.serve_loop import Feed, judging, serve
 from spyre_verify.serving.workload import Arrival
 
 MOST_FILLERS = 64  # fresh requests a scenario may serve to cycle the pool; a larger pool is not exercised
@@ -130,14 +130,7 @@ class PrefixRun:
         feed = Feed([s.arrival for s in sent], engine.steps)
         detach = engine.subscribe(self.log)
         try:
-            stats = serve(
-                engine,
-                feed,
-                on_rejected=judged_by(checkers),
-                on_abort=aborts_judged_by(checkers),
-                on_idle=idles_judged_by(checkers),
-                max_steps=bound,
-            )
+            stats = serve(engine, feed, **judging(checkers), max_steps=bound)
         finally:
             detach()
         self.run.accepted, self.run.rejected = self.run.accepted + stats.accepted, self.run.rejected + stats.rejected
