@@ -3,18 +3,18 @@ reserved for a request that has ended.
 
 On any runtime, from the protocol's events: a request event opens a request, its finish event
 closes it. At the end of a run that did not stop inside a step (a crash, a serving guard), a
-runtime that still has work is stepped once more; a step
-that runs nothing while work is left is a `stall` (the runtime can never finish what it holds),
-and a request that never ended on a runtime with no work left is `never-ended`. That is also
-judged every time the serve loop finds the runtime without work (`on_idle`), not only at the
-end: a server steps a runtime only while it says it has work, so an accepted request it has not
-ended by then waits until another request happens to arrive, and later traffic must not hide
-that it was dropped. A runtime that
-offers `reservations` (request id -> blocks its scheduler holds in reserve) has them judged
-after every step: a reservation of a request that ended before the step is `leaked-reservation`,
-named with the request, how it ended and the blocks still held. Admission counts reservations
-against the free pool, so leaked ones shrink what every later request can get, until a request
-that fits the empty pool waits forever (the stall).
+runtime that still has work is stepped once more; a step that runs nothing while work is left is
+a `stall` (the runtime can never finish what it holds), and a request that never ended on a
+runtime with no work left is `never-ended`. That is also judged every time the serve loop finds
+the runtime without work (`on_idle`), not only at the end: a server steps a runtime only while it
+says it has work, so an accepted request it has not ended by then waits until another request
+happens to arrive, and later traffic must not hide that it was dropped.
+
+A runtime that offers `reservations` (request id -> blocks its scheduler holds in reserve) has
+them judged after every step: a reservation of a request that ended before the step is
+`leaked-reservation`, named with the request, how it ended and the blocks still held. Admission
+counts reservations against the free pool, so leaked ones shrink what every later request can
+get, until a request that fits the empty pool waits forever (the stall).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 A fault is a bug of the kind the real project has had, seeded into the installed plugin by
 wrapping one of its methods; each names the checker that must catch it through the serving
 path. Every fault run also applies the fixes of the known findings, so none of them can be what
-a control is caught by. A fix is a repair for a finding (README, "Found in real systems"), applied with
-`--sendnn-fix NAME` (the runtime option `fix`), off by default.
+a control is caught by. A fix is a repair for a finding (README, "Found in real systems"),
+applied with `--sendnn-fix NAME` (the runtime option `fix`; several joined by commas), off by
+default.
 """
 
 from __future__ import annotations
